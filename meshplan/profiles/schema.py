@@ -1,0 +1,238 @@
+"""ClusterProfile: what the cost model knows about a cluster; built-ins and profile-cluster share it.
+
+Bandwidths are GB/s (1e9 bytes/s), latencies microseconds, memory GiB, throughput TFLOP/s.
+Collective bandwidths use the nccl-tests "bus bandwidth" convention, so published numbers drop in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from meshplan.errors import InputError
+from meshplan.fields import as_float, as_int, as_str, reject_unknown, require_mapping
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+PROFILE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8")
+
+
+@dataclass
+class MatmulModel:
+    """Achievable matmul TFLOP/s: max_fraction * peak, scaled down for small dims by d / (d + half_dim).
+
+    `points` (optional, measured) hold {m, n, k, dtype, tflops}; when present the cost model
+    interpolates them instead of the parametric curve.
+    """
+
+    max_fraction: dict[str, float]
+    half_dim: float = 96.0
+    points: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class AttentionModel:
+    """Fused causal attention (fwd+bwd) throughput: max_fraction * peak * s / (s + half_seq)."""
+
+    max_fraction: float
+    half_seq: float = 1024.0
+    points: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class Device:
+    name: str
+    memory_gib: float
+    usable_memory_gib: float
+    peak_tflops: dict[str, float]
+    memory_bandwidth_gbs: float
+    matmul: MatmulModel
+    attention: AttentionModel
+    memory_bound_efficiency: float = 0.7
+
+
+@dataclass
+class LinkLevel:
+    """One level of the interconnect: `nvlink` inside a node, `network` across nodes."""
+
+    name: str
+    scope: str  # node | cluster
+    bandwidth_gbs: float  # per device, one direction
+    latency_us: float
+
+
+@dataclass
+class CollectiveFit:
+    bus_bandwidth_gbs: float
+    latency_us: float
+
+
+@dataclass
+class Overheads:
+    """Terms fitted to measurements rather than derived: how much of communication hides, and memory slack."""
+
+    fsdp_overlap: float = 0.9  # fraction of FSDP/DP comm hidden when compute is longer
+    tp_async_overlap: float = 0.7  # fraction of TP comm hidden by async TP
+    cp_overlap: float = 0.8
+    memory_fragmentation: float = 0.05  # allocator slack on top of live tensors
+    context_gib: float = 1.0  # CUDA context, NCCL buffers and workspace per rank
+    step_overhead_s: float = 0.0  # per-step fixed cost (launch, optimizer sync)
+    kernel_efficiency: float = 1.0  # multiplier on compute throughput (e.g. torch.compile fusion)
+    compile_speedup: float = 1.1  # memory-bound work shrinks by this factor with torch.compile
+
+
+@dataclass
+class ClusterProfile:
+    name: str
+    device: Device
+    devices_per_node: int
+    max_nodes: int
+    links: list[LinkLevel]
+    collectives: dict[str, dict[str, CollectiveFit]]
+    overheads: Overheads = field(default_factory=Overheads)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    collective_points: list[dict[str, Any]] = field(default_factory=list)
+    description: str = ""
+
+    def link(self, name: str) -> LinkLevel:
+        for level in self.links:
+            if level.name == name:
+                return level
+        raise KeyError(name)
+
+    def node_level(self) -> str:
+        return next(l.name for l in self.links if l.scope == "node")
+
+    def cluster_level(self) -> str:
+        return next((l.name for l in self.links if l.scope == "cluster"), self.node_level())
+
+    def supports_float8(self) -> bool:
+        return "fp8" in self.device.peak_tflops
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _fraction(value: Any, field_name: str) -> float:
+    v = as_float(value, field_name, 0.0, exclusive_min=True)
+    if v > 1.0:
+        raise InputError(field_name, f"must be a fraction in (0, 1], got {v}")
+    return v
+
+
+def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
+    data = require_mapping(data, where)
+    reject_unknown(data, ClusterProfile.__dataclass_fields__, where)
+    for key in ("name", "device", "devices_per_node", "links", "collectives"):
+        if key not in data:
+            raise InputError(f"{where}.{key}", "is required")
+    device = _device(data["device"], f"{where}.device")
+    links = data["links"]
+    if not isinstance(links, list) or not links:
+        raise InputError(f"{where}.links", "must be a non-empty list of link levels")
+    levels = [_link(l, f"{where}.links[{i}]") for i, l in enumerate(links)]
+    if not any(l.scope == "node" for l in levels):
+        raise InputError(f"{where}.links", "needs one level with scope: node")
+    names = [l.name for l in levels]
+    colls = require_mapping(data["collectives"], f"{where}.collectives")
+    collectives: dict[str, dict[str, CollectiveFit]] = {}
+    for level, table in colls.items():
+        if level not in names:
+            raise InputError(f"{where}.collectives.{level}", f"unknown link level; valid: {', '.join(names)}")
+        table = require_mapping(table, f"{where}.collectives.{level}")
+        reject_unknown(table, COLLECTIVES, f"{where}.collectives.{level}")
+        collectives[level] = {}
+        for coll, fit in table.items():
+            f = f"{where}.collectives.{level}.{coll}"
+            fit = require_mapping(fit, f)
+            reject_unknown(fit, ("bus_bandwidth_gbs", "latency_us"), f)
+            collectives[level][coll] = CollectiveFit(
+                bus_bandwidth_gbs=as_float(fit.get("bus_bandwidth_gbs"), f"{f}.bus_bandwidth_gbs", 0.0, True),
+                latency_us=as_float(fit.get("latency_us", 0.0), f"{f}.latency_us", 0.0),
+            )
+    for level in names:
+        missing = [c for c in COLLECTIVES if c not in collectives.get(level, {})]
+        if missing:
+            raise InputError(f"{where}.collectives.{level}", f"missing {', '.join(missing)}")
+    overheads = _overheads(data.get("overheads", {}), f"{where}.overheads")
+    return ClusterProfile(
+        name=as_str(data["name"], f"{where}.name"),
+        device=device,
+        devices_per_node=as_int(data["devices_per_node"], f"{where}.devices_per_node", 1),
+        max_nodes=as_int(data.get("max_nodes", 4096), f"{where}.max_nodes", 1),
+        links=levels,
+        collectives=collectives,
+        overheads=overheads,
+        provenance=dict(require_mapping(data.get("provenance", {}) or {}, f"{where}.provenance")),
+        collective_points=list(data.get("collective_points", []) or []),
+        description=str(data.get("description", "")),
+    )
+
+
+def _device(raw: Any, where: str) -> Device:
+    raw = require_mapping(raw, where)
+    reject_unknown(raw, Device.__dataclass_fields__, where)
+    for key in ("name", "memory_gib", "peak_tflops", "memory_bandwidth_gbs", "matmul", "attention"):
+        if key not in raw:
+            raise InputError(f"{where}.{key}", "is required")
+    peaks = require_mapping(raw["peak_tflops"], f"{where}.peak_tflops")
+    reject_unknown(peaks, PROFILE_DTYPES, f"{where}.peak_tflops")
+    peak = {k: as_float(v, f"{where}.peak_tflops.{k}", 0.0, True) for k, v in peaks.items()}
+    if "bf16" not in peak and "fp32" not in peak:
+        raise InputError(f"{where}.peak_tflops", "needs bf16 or fp32")
+    mm = require_mapping(raw["matmul"], f"{where}.matmul")
+    reject_unknown(mm, MatmulModel.__dataclass_fields__, f"{where}.matmul")
+    mm_frac = require_mapping(mm.get("max_fraction"), f"{where}.matmul.max_fraction")
+    matmul = MatmulModel(
+        max_fraction={k: _fraction(v, f"{where}.matmul.max_fraction.{k}") for k, v in mm_frac.items()},
+        half_dim=as_float(mm.get("half_dim", 96.0), f"{where}.matmul.half_dim", 0.0),
+        points=list(mm.get("points", []) or []),
+    )
+    at = require_mapping(raw["attention"], f"{where}.attention")
+    reject_unknown(at, AttentionModel.__dataclass_fields__, f"{where}.attention")
+    attention = AttentionModel(
+        max_fraction=_fraction(at.get("max_fraction"), f"{where}.attention.max_fraction"),
+        half_seq=as_float(at.get("half_seq", 1024.0), f"{where}.attention.half_seq", 0.0),
+        points=list(at.get("points", []) or []),
+    )
+    memory = as_float(raw["memory_gib"], f"{where}.memory_gib", 0.0, True)
+    usable = as_float(raw.get("usable_memory_gib", memory), f"{where}.usable_memory_gib", 0.0, True)
+    if usable > memory:
+        raise InputError(f"{where}.usable_memory_gib", f"must be <= memory_gib ({memory}), got {usable}")
+    return Device(
+        name=as_str(raw["name"], f"{where}.name"),
+        memory_gib=memory,
+        usable_memory_gib=usable,
+        peak_tflops=peak,
+        memory_bandwidth_gbs=as_float(raw["memory_bandwidth_gbs"], f"{where}.memory_bandwidth_gbs", 0.0, True),
+        matmul=matmul,
+        attention=attention,
+        memory_bound_efficiency=_fraction(raw.get("memory_bound_efficiency", 0.7), f"{where}.memory_bound_efficiency"),
+    )
+
+
+def _link(raw: Any, where: str) -> LinkLevel:
+    raw = require_mapping(raw, where)
+    reject_unknown(raw, LinkLevel.__dataclass_fields__, where)
+    scope = raw.get("scope")
+    if scope not in ("node", "cluster"):
+        raise InputError(f"{where}.scope", f"must be one of node | cluster, got {scope!r}")
+    return LinkLevel(
+        name=as_str(raw.get("name"), f"{where}.name"),
+        scope=scope,
+        bandwidth_gbs=as_float(raw.get("bandwidth_gbs"), f"{where}.bandwidth_gbs", 0.0, True),
+        latency_us=as_float(raw.get("latency_us", 0.0), f"{where}.latency_us", 0.0),
+    )
+
+
+def _overheads(raw: Any, where: str) -> Overheads:
+    raw = require_mapping(raw or {}, where)
+    reject_unknown(raw, Overheads.__dataclass_fields__, where)
+    d = Overheads()
+    values = {}
+    for key in Overheads.__dataclass_fields__:
+        v = raw.get(key, getattr(d, key))
+        values[key] = as_float(v, f"{where}.{key}", 0.0)
+    for key in ("fsdp_overlap", "tp_async_overlap", "cp_overlap"):
+        if values[key] > 1:
+            raise InputError(f"{where}.{key}", f"must be a fraction in [0, 1], got {values[key]}")
+    return Overheads(**values)

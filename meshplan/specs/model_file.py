@@ -1,0 +1,68 @@
+"""Model files: meshplan's own model YAML, or a Hugging Face `config.json`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from meshplan.errors import InputError
+from meshplan.fields import as_int, require_mapping
+from meshplan.specs.model import ModelSpec
+from meshplan.yamlio import load_yaml_file
+
+# HF `model_type` -> meshplan arch. GPT-2 style configs use other key names (n_embd, n_layer...).
+HF_LLAMA_TYPES = ("llama", "mistral", "qwen2")
+HF_GPT_TYPES = ("gpt2", "gpt_bigcode", "gpt_neox")
+
+
+def load_model_file(path: Path, field: str = "model") -> ModelSpec:
+    data = load_yaml_file(path, field)
+    data = require_mapping(data, field)
+    if "model_type" in data or "hidden_size" in data or "n_embd" in data:
+        return from_hf_config(data, name=path.parent.name or path.stem, field=field)
+    if "model" in data and isinstance(data["model"], Mapping):
+        data = data["model"]
+    return ModelSpec.from_dict(dict(data), field)
+
+
+def _get(cfg: Mapping[str, Any], keys: tuple[str, ...], field: str, default: Any = None) -> Any:
+    for key in keys:
+        if key in cfg and cfg[key] is not None:
+            return cfg[key]
+    if default is not None:
+        return default
+    raise InputError(f"{field}.{keys[0]}", "is required in config.json")
+
+
+def from_hf_config(cfg: Mapping[str, Any], name: str, field: str = "model") -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face config.json mapping."""
+    cfg = require_mapping(cfg, field)
+    model_type = str(cfg.get("model_type", "llama")).lower()
+    if model_type in HF_GPT_TYPES:
+        arch = "gpt"
+    elif model_type in HF_LLAMA_TYPES or "num_key_value_heads" in cfg or "intermediate_size" in cfg:
+        arch = "llama"
+    else:
+        raise InputError(f"{field}.model_type", f"unsupported {model_type!r}; valid: {', '.join(HF_LLAMA_TYPES + HF_GPT_TYPES)}")
+    dim = as_int(_get(cfg, ("hidden_size", "n_embd"), field), f"{field}.hidden_size", 1)
+    heads = as_int(_get(cfg, ("num_attention_heads", "n_head"), field), f"{field}.num_attention_heads", 1)
+    kv = as_int(_get(cfg, ("num_key_value_heads",), field, heads), f"{field}.num_key_value_heads", 1)
+    ffn_default = 4 * dim
+    ffn = as_int(_get(cfg, ("intermediate_size", "n_inner"), field, ffn_default), f"{field}.intermediate_size", 1)
+    spec = {
+        "name": str(cfg.get("_name_or_path") or name or "hf-model"),
+        "arch": arch,
+        "dim": dim,
+        "n_layers": as_int(_get(cfg, ("num_hidden_layers", "n_layer"), field), f"{field}.num_hidden_layers", 1),
+        "n_heads": heads,
+        "n_kv_heads": kv,
+        "ffn_dim": ffn,
+        "vocab_size": as_int(_get(cfg, ("vocab_size",), field), f"{field}.vocab_size", 2),
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", arch == "gpt")),
+        "max_seq_len": as_int(_get(cfg, ("max_position_embeddings", "n_positions"), field, 131072),
+                              f"{field}.max_position_embeddings", 1),
+        "norm_eps": float(_get(cfg, ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"), field, 1e-5)),
+    }
+    if arch == "llama":
+        spec["rope_theta"] = float(cfg.get("rope_theta", 10000.0))
+    return ModelSpec.from_dict(spec, field)

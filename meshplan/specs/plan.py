@@ -1,0 +1,267 @@
+"""The plan file (best.yaml): dataclasses, validation with one-line errors, and round-trip to YAML."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from meshplan.errors import InputError
+from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_unknown,
+                             require_mapping)
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.registry import resolve_model
+from meshplan.yamlio import atomic_write_yaml, load_yaml_file
+
+PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
+                "ZBVZeroBubble", "DualPipeV")
+SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
+V_SHAPED_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+AC_MODES = ("none", "selective", "full")
+# Activation kinds that selective AC may save (one per op output the runtime can tag in a block).
+SAC_OPS = ("qkv", "attention", "attn_out", "ffn_in", "ffn_out")
+DTYPES = ("bf16", "fp32")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+@dataclass
+class TrainingSpec:
+    seq_len: Any = 8192
+    global_batch: Any = AUTO
+    micro_batch: Any = AUTO
+    dtype: Any = "bf16"
+
+
+@dataclass
+class ParallelSpec:
+    dp_replicate: Any = AUTO
+    dp_shard: Any = AUTO
+    tp: Any = AUTO
+    sequence_parallel: Any = AUTO
+    async_tp: Any = AUTO
+    pp: Any = AUTO
+    pp_schedule: Any = AUTO
+    pp_virtual_stages: Any = AUTO
+    pp_layers: Any = None
+    cp: Any = AUTO
+
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+
+@dataclass
+class MemorySpec:
+    activation_checkpointing: Any = AUTO
+    sac_ops: Any = None
+    float8: Any = AUTO
+    reshard_after_forward: Any = AUTO
+
+
+@dataclass
+class Plan:
+    model: ModelSpec
+    cluster: str
+    gpus: int
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    memory: MemorySpec = field(default_factory=MemorySpec)
+    compile: Any = False
+    placement: dict[str, str] | None = None
+    model_ref: Any = None  # how the user named the model (kept so a written plan says the same)
+    version: int = 1
+
+    def auto_fields(self) -> list[str]:
+        out = []
+        for section in ("training", "parallel", "memory"):
+            for f in fields(getattr(self, section)):
+                if getattr(getattr(self, section), f.name) == AUTO:
+                    out.append(f"{section}.{f.name}")
+        if self.compile == AUTO:
+            out.append("compile")
+        return out
+
+    def is_complete(self) -> bool:
+        return not self.auto_fields()
+
+    def to_dict(self, estimate: dict | None = None) -> dict[str, Any]:
+        model = self.model_ref if isinstance(self.model_ref, str) else self.model.to_dict()
+        out: dict[str, Any] = {
+            "version": self.version,
+            "model": model,
+            "cluster": self.cluster,
+            "gpus": self.gpus,
+            "training": asdict(self.training),
+            "parallel": asdict(self.parallel),
+            "memory": asdict(self.memory),
+            "compile": self.compile,
+        }
+        if self.placement:
+            out["placement"] = dict(self.placement)
+        if estimate is not None:
+            out["estimate"] = estimate
+        return out
+
+    def copy(self, **changes: Any) -> "Plan":
+        return replace(self, training=replace(self.training), parallel=replace(self.parallel),
+                       memory=replace(self.memory), **changes)
+
+    def save(self, path: str | Path, estimate: dict | None = None) -> None:
+        atomic_write_yaml(path, self.to_dict(estimate))
+
+
+TOP_LEVEL = ("version", "model", "cluster", "gpus", "training", "parallel", "memory", "compile",
+             "placement", "estimate")
+
+
+def load_plan(path: str | Path) -> Plan:
+    data = load_yaml_file(path, "plan")
+    return plan_from_dict(data)
+
+
+def plan_from_dict(data: Any) -> Plan:
+    data = require_mapping(data, "plan")
+    reject_unknown(data, TOP_LEVEL, "")
+    version = data.get("version", 1)
+    if version != 1:
+        raise InputError("version", f"must be 1, got {version!r}")
+    for key in ("model", "cluster", "gpus"):
+        if key not in data:
+            raise InputError(key, "is required")
+    model = resolve_model(data["model"], "model")
+    cluster = data["cluster"]
+    if not isinstance(cluster, str) or not cluster:
+        raise InputError("cluster", f"must be a built-in profile name or a path to a profile YAML, got {cluster!r}")
+    gpus = as_int(data["gpus"], "gpus", 1)
+    plan = Plan(
+        model=model,
+        cluster=cluster,
+        gpus=gpus,
+        training=_parse_training(data.get("training", {})),
+        parallel=_parse_parallel(data.get("parallel", {})),
+        memory=_parse_memory(data.get("memory", {})),
+        compile=as_bool(data.get("compile", False), "compile", allow_auto=True),
+        placement=_parse_placement(data.get("placement")),
+        model_ref=data["model"] if isinstance(data["model"], str) else None,
+    )
+    check_consistency(plan)
+    return plan
+
+
+def _parse_training(raw: Any) -> TrainingSpec:
+    raw = require_mapping(raw if raw is not None else {}, "training")
+    reject_unknown(raw, [f.name for f in fields(TrainingSpec)], "training")
+    d = TrainingSpec()
+    return TrainingSpec(
+        seq_len=as_int(raw.get("seq_len", d.seq_len), "training.seq_len", 1, allow_auto=True),
+        global_batch=as_int(raw.get("global_batch", d.global_batch), "training.global_batch", 1, allow_auto=True),
+        micro_batch=as_int(raw.get("micro_batch", d.micro_batch), "training.micro_batch", 1, allow_auto=True),
+        dtype=as_choice(raw.get("dtype", d.dtype), "training.dtype", DTYPES),
+    )
+
+
+def _parse_parallel(raw: Any) -> ParallelSpec:
+    raw = require_mapping(raw if raw is not None else {}, "parallel")
+    reject_unknown(raw, [f.name for f in fields(ParallelSpec)], "parallel")
+    d = ParallelSpec()
+    ints = {k: as_int(raw.get(k, getattr(d, k)), f"parallel.{k}", 1, allow_auto=True)
+            for k in ("dp_replicate", "dp_shard", "tp", "pp", "pp_virtual_stages", "cp")}
+    pp_layers = raw.get("pp_layers", None)
+    if pp_layers is not None and pp_layers != AUTO:
+        if not isinstance(pp_layers, list) or not pp_layers:
+            raise InputError("parallel.pp_layers", f"must be a list of layer counts per stage, null or 'auto', got {pp_layers!r}")
+        pp_layers = [as_int(v, f"parallel.pp_layers[{i}]", 0) for i, v in enumerate(pp_layers)]
+    return ParallelSpec(
+        sequence_parallel=as_bool(raw.get("sequence_parallel", d.sequence_parallel), "parallel.sequence_parallel", True),
+        async_tp=as_bool(raw.get("async_tp", d.async_tp), "parallel.async_tp", True),
+        pp_schedule=as_choice(raw.get("pp_schedule", d.pp_schedule), "parallel.pp_schedule", PP_SCHEDULES, True),
+        pp_layers=pp_layers,
+        **ints,
+    )
+
+
+def _parse_memory(raw: Any) -> MemorySpec:
+    raw = require_mapping(raw if raw is not None else {}, "memory")
+    reject_unknown(raw, [f.name for f in fields(MemorySpec)], "memory")
+    d = MemorySpec()
+    sac = raw.get("sac_ops", None)
+    if sac is not None and sac != AUTO:
+        if not isinstance(sac, list):
+            raise InputError("memory.sac_ops", f"must be a list drawn from {', '.join(SAC_OPS)}, null or 'auto', got {sac!r}")
+        sac = [as_choice(v, f"memory.sac_ops[{i}]", SAC_OPS) for i, v in enumerate(sac)]
+    return MemorySpec(
+        activation_checkpointing=as_choice(raw.get("activation_checkpointing", d.activation_checkpointing),
+                                           "memory.activation_checkpointing", AC_MODES, True),
+        sac_ops=sac,
+        float8=as_bool(raw.get("float8", d.float8), "memory.float8", True),
+        reshard_after_forward=as_bool(raw.get("reshard_after_forward", d.reshard_after_forward),
+                                      "memory.reshard_after_forward", True),
+    )
+
+
+def _parse_placement(raw: Any) -> dict[str, str] | None:
+    if raw is None:
+        return None
+    raw = require_mapping(raw, "placement")
+    reject_unknown(raw, MESH_DIMS, "placement")
+    return {k: as_str(v, f"placement.{k}") for k, v in raw.items()}
+
+
+def _known(*values: Any) -> bool:
+    return all(v != AUTO for v in values)
+
+
+def check_consistency(plan: Plan) -> None:
+    """Cross-field rules; fields still 'auto' are checked once filled."""
+    m, t, p, mem = plan.model, plan.training, plan.parallel, plan.memory
+    degrees = [p.dp_replicate, p.dp_shard, p.cp, p.tp, p.pp]
+    if _known(*degrees):
+        prod = 1
+        for d in degrees:
+            prod *= d
+        if prod != plan.gpus:
+            raise InputError("parallel", f"dp_replicate*dp_shard*cp*tp*pp = {prod} must equal gpus = {plan.gpus}")
+    if _known(p.tp):
+        if m.n_heads % p.tp or m.n_kv_heads % p.tp:
+            raise InputError("parallel.tp", f"must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads}), got {p.tp}")
+        if m.ffn_dim % p.tp:
+            raise InputError("parallel.tp", f"must divide ffn_dim ({m.ffn_dim}), got {p.tp}")
+    if _known(t.seq_len) and t.seq_len > m.max_seq_len and m.arch == "gpt":
+        raise InputError("training.seq_len", f"must be <= the model's learned positions ({m.max_seq_len}), got {t.seq_len}")
+    if _known(t.seq_len, p.cp) and p.cp > 1 and t.seq_len % (2 * p.cp):
+        raise InputError("parallel.cp", f"2*cp must divide seq_len ({t.seq_len}) for load-balanced causal CP, got cp={p.cp}")
+    if _known(t.seq_len, p.cp, p.tp, p.sequence_parallel) and p.sequence_parallel and p.tp > 1:
+        if (t.seq_len // p.cp) % p.tp:
+            raise InputError("parallel.tp", f"must divide the per-CP-rank sequence ({t.seq_len // p.cp}) with sequence_parallel, got {p.tp}")
+    if _known(t.global_batch, t.micro_batch, p.dp_replicate, p.dp_shard):
+        per_step = t.micro_batch * p.dp_replicate * p.dp_shard
+        if t.global_batch % per_step:
+            raise InputError("training.global_batch",
+                             f"must be a multiple of micro_batch*dp_replicate*dp_shard = {per_step}, got {t.global_batch}")
+    _check_pipeline(plan)
+    if mem.sac_ops not in (None, AUTO) and mem.activation_checkpointing not in ("selective", AUTO):
+        raise InputError("memory.sac_ops", "applies only with activation_checkpointing: selective")
+
+
+def _check_pipeline(plan: Plan) -> None:
+    p, n_layers = plan.parallel, plan.model.n_layers
+    if not _known(p.pp):
+        return
+    if p.pp == 1:
+        if _known(p.pp_virtual_stages) and p.pp_virtual_stages != 1:
+            raise InputError("parallel.pp_virtual_stages", f"must be 1 when pp is 1, got {p.pp_virtual_stages}")
+        return
+    if _known(p.pp_schedule, p.pp_virtual_stages):
+        v = p.pp_virtual_stages
+        if p.pp_schedule in SINGLE_STAGE_SCHEDULES and v != 1:
+            raise InputError("parallel.pp_virtual_stages", f"must be 1 for {p.pp_schedule}, got {v}")
+        if p.pp_schedule in V_SHAPED_SCHEDULES and v != 2:
+            raise InputError("parallel.pp_virtual_stages", f"must be 2 for {p.pp_schedule} (V-shaped), got {v}")
+    if _known(p.pp_virtual_stages):
+        stages = p.pp * p.pp_virtual_stages
+        if p.pp_layers not in (None, AUTO):
+            if len(p.pp_layers) != stages:
+                raise InputError("parallel.pp_layers", f"must list {stages} stages (pp*pp_virtual_stages), got {len(p.pp_layers)}")
+            if sum(p.pp_layers) != n_layers:
+                raise InputError("parallel.pp_layers", f"must sum to n_layers ({n_layers}), got {sum(p.pp_layers)}")
+        elif stages > n_layers:
+            raise InputError("parallel.pp", f"pp*pp_virtual_stages = {stages} exceeds n_layers ({n_layers})")
