@@ -1,0 +1,64 @@
+"""The `meshplan` entry point: a thin dispatcher to one module per sub-command.
+
+Each command module exposes `main(argv: list[str]) -> int` and owns its argparse. Bad input anywhere
+surfaces as InputError and is printed as one line with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from meshplan.errors import InputError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("meshplan.planner.command", "search the parallelism space, write the best plan that fits"),
+    "estimate": ("meshplan.cost_models.command", "score one fully or partly given plan"),
+    "validate": ("meshplan.cost_models.validate", "compare predictions with published measurements"),
+    "profile-cluster": ("meshplan.profiles.command", "micro-benchmarks -> a cluster profile"),
+    "run": ("meshplan.runtime.command", "execute a plan (torchrun underneath)"),
+    "report": ("meshplan.reports.command", "compare plans / searches / runs as HTML, Markdown or CSV"),
+    "calibrate": ("meshplan.cost_models.calibrate", "fit a profile's efficiency terms to measured runs"),
+    "tune": ("meshplan.planner.tune", "measure candidate plans with an Optuna study"),
+    "models": ("meshplan.specs.command", "list built-in models"),
+    "clusters": ("meshplan.profiles.list_command", "list built-in cluster profiles"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: meshplan COMMAND [options]   (meshplan COMMAND --help for its options)", "", "commands:"]
+    lines += [f"  {name:<16} {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from meshplan import __version__
+
+        print(f"meshplan {__version__}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"meshplan: error: unknown command {name!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module_name = COMMANDS[name][0]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.startswith("meshplan"):
+            print(f"meshplan: error: '{name}' is not available in this build", file=sys.stderr)
+            return 2
+        print(f"meshplan: error: '{name}' needs the package {exc.name!r}; install it (see README)", file=sys.stderr)
+        return 2
+    try:
+        return int(module.main(rest) or 0)
+    except InputError as exc:
+        print(f"meshplan {name}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"meshplan {name}: interrupted", file=sys.stderr)
+        return 130
