@@ -1,0 +1,53 @@
+"""Collective communication time on the link level a group spans (nccl-tests bus-bandwidth model)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.profiles.schema import ClusterProfile
+
+# Bytes each rank moves per byte of payload, over bus bandwidth (nccl-tests conventions).
+# all_reduce payload = the buffer; all_gather / reduce_scatter payload = the full (gathered) buffer.
+def _bus_factor(collective: str, n: int) -> float:
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    return 1.0
+
+
+@dataclass(frozen=True)
+class GroupSpan:
+    """A process group's shape on the cluster: its size and how many of its ranks share a node."""
+
+    size: int
+    ranks_per_node: int
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.size // max(1, self.ranks_per_node))
+
+
+def collective_time(profile: ClusterProfile, collective: str, payload_bytes: float, span: GroupSpan) -> float:
+    """Seconds for one collective of `payload_bytes` over the group.
+
+    Inside a node it runs on the node level. Across nodes, NCCL's hierarchical algorithms move the
+    inter-node share through every NIC the group has on a node, so the bus bandwidth is the
+    network's per-device figure times the group's ranks per node, capped by the node level.
+    """
+    n = span.size
+    if n <= 1 or payload_bytes <= 0:
+        return 0.0
+    node = profile.collectives[profile.node_level()][collective]
+    if span.nodes <= 1:
+        return node.latency_us * 1e-6 + _bus_factor(collective, n) * payload_bytes / (node.bus_bandwidth_gbs * 1e9)
+    net = profile.collectives[profile.cluster_level()][collective]
+    busbw = min(net.bus_bandwidth_gbs * span.ranks_per_node, node.bus_bandwidth_gbs)
+    latency = net.latency_us + (node.latency_us if span.ranks_per_node > 1 else 0.0)
+    return latency * 1e-6 + _bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
+
+
+def p2p_time(profile: ClusterProfile, payload_bytes: float, crosses_node: bool) -> float:
+    level = profile.cluster_level() if crosses_node else profile.node_level()
+    fit = profile.collectives[level]["send_recv"]
+    return fit.latency_us * 1e-6 + payload_bytes / (fit.bus_bandwidth_gbs * 1e9)

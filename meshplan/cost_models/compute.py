@@ -1,0 +1,72 @@
+"""Compute time from the profile: achievable matmul throughput by shape, attention by sequence length,
+and memory-bound elementwise work by bytes moved."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from meshplan.profiles.schema import ClusterProfile, Device
+
+
+def compute_dtype(dtype: str, device: Device) -> str:
+    return dtype if dtype in device.peak_tflops else ("fp32" if "fp32" in device.peak_tflops else "bf16")
+
+
+def matmul_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> float:
+    """Achievable TFLOP/s of an (m x k) @ (k x n) matmul."""
+    dtype = compute_dtype(dtype, device)
+    points = [p for p in device.matmul.points if p.get("dtype") == dtype]
+    if points:
+        return _interpolate_points(tuple((p["m"], p["n"], p["k"], p["tflops"]) for p in points), m, n, k)
+    peak = device.peak_tflops[dtype]
+    frac = device.matmul.max_fraction.get(dtype, device.matmul.max_fraction.get("bf16", 0.7))
+    h = device.matmul.half_dim
+    return peak * frac * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+
+
+@lru_cache(maxsize=256)
+def _points_array(points: tuple) -> np.ndarray:
+    return np.log2(np.array([p[:3] for p in points], dtype=float)), np.array([p[3] for p in points], dtype=float)
+
+
+def _interpolate_points(points: tuple, m: float, n: float, k: float) -> float:
+    """Inverse-distance weighting in log2(m, n, k) over measured points (exact at a measured shape)."""
+    xyz, tflops = _points_array(points)
+    q = np.log2([max(m, 1.0), max(n, 1.0), max(k, 1.0)])
+    dist = np.sqrt(((xyz - q) ** 2).sum(axis=1))
+    nearest = int(dist.argmin())
+    if dist[nearest] < 1e-9:
+        return float(tflops[nearest])
+    w = 1.0 / dist ** 2
+    return float((w * tflops).sum() / w.sum())
+
+
+def matmul_time(device: Device, m: float, n: float, k: float, dtype: str) -> float:
+    if m <= 0 or n <= 0 or k <= 0:
+        return 0.0
+    return 2.0 * m * n * k / (matmul_tflops(device, m, n, k, dtype) * 1e12)
+
+
+def attention_tflops(device: Device, seq_len: float, dtype: str) -> float:
+    """Fused causal attention throughput (forward or backward) at this sequence length."""
+    dtype = compute_dtype(dtype, device)
+    att = device.attention
+    points = [p for p in att.points if p.get("dtype", dtype) == dtype]
+    if points:
+        xs = np.log2([p["seq_len"] for p in points])
+        ys = np.array([p["tflops"] for p in points])
+        order = np.argsort(xs)
+        return float(np.interp(math.log2(max(seq_len, 1.0)), xs[order], ys[order]))
+    peak = device.peak_tflops[dtype]
+    return peak * att.max_fraction * seq_len / (seq_len + att.half_seq)
+
+
+def memory_bound_time(device: Device, nbytes: float) -> float:
+    return nbytes / (device.memory_bandwidth_gbs * 1e9 * device.memory_bound_efficiency)
+
+
+def peak_tflops(profile: ClusterProfile, dtype: str) -> float:
+    return profile.device.peak_tflops[compute_dtype(dtype, profile.device)]

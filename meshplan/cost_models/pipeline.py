@@ -1,0 +1,257 @@
+"""The pipeline schedule model: every schedule of the plan contract as data, simulated.
+
+A schedule is a stage->rank mapping, a forward order per rank, an in-flight limit per rank and
+whether backward is split into input-gradient (B) and weight-gradient (W) work. `simulate` runs
+it as a list scheduler over given per-stage durations and returns every block (rank, stage,
+micro-batch, kind, start, end), the makespan, bubble and activations in flight. The same events
+drive the step time in the estimate, the runtime's expectations and the Gantt chart in reports.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+FORWARD_FIRST = ("GPipe", "LoopedBFS")
+
+
+@dataclass(frozen=True)
+class Block:
+    rank: int
+    stage: int
+    microbatch: int
+    kind: str  # F | B | W  (B includes W for schedules that do not split backward)
+    start: float
+    end: float
+
+
+@dataclass
+class ScheduleResult:
+    schedule: str
+    pp: int
+    virtual_stages: int
+    n_microbatches: int
+    blocks: list[Block] = field(default_factory=list)
+    makespan: float = 0.0
+    busy: list[float] = field(default_factory=list)
+    peak_in_flight: list[float] = field(default_factory=list)  # activation units (one stage, one mb)
+
+    @property
+    def bubble_time(self) -> float:
+        """Idle time on the busiest rank: what the pipeline adds over its own work."""
+        return self.makespan - max(self.busy)
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.bubble_time / self.makespan if self.makespan else 0.0
+
+
+def stage_rank(stage: int, pp: int, schedule: str) -> int:
+    """Loop placement (stage s on rank s % pp), or V-shape (rank r holds stages r and 2pp-1-r)."""
+    if schedule in V_SHAPED:
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
+
+
+def in_flight_limit(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> int:
+    """How many (stage, micro-batch) activations a rank may hold before it must run a backward."""
+    total = n_micro * v
+    if schedule in FORWARD_FIRST:
+        return total
+    if schedule == "1F1B":
+        return min(pp - rank, total)
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        # Megatron's warm-up count plus the one forward of the steady 1F1B phase.
+        return min((pp - rank - 1) * 2 + (v - 1) * pp + 1, total)
+    if schedule == "ZBVZeroBubble":
+        return min(2 * pp, total)
+    if schedule == "DualPipeV":
+        return min(2 * pp + 1, total)
+    raise ValueError(schedule)
+
+
+def forward_order(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> list[tuple[int, int]] | None:
+    """Fixed (stage, micro-batch) forward order of a rank, or None where the schedule picks greedily."""
+    stages = [c * pp + rank for c in range(v)]
+    if schedule in ("GPipe", "1F1B"):
+        return [(rank, mb) for mb in range(n_micro)]
+    if schedule == "LoopedBFS":
+        return [(s, mb) for s in stages for mb in range(n_micro)]
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        order = []
+        for k in range(n_micro * v):
+            group, within = divmod(k, pp * v)
+            chunk, offset = divmod(within, pp)
+            mb = group * pp + offset
+            if mb < n_micro:
+                order.append((stages[chunk], mb))
+        seen = set(order)
+        order += [(s, mb) for mb in range(n_micro) for s in stages if (s, mb) not in seen]
+        return order
+    return None
+
+
+def backward_order(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> list[tuple[int, int]] | None:
+    """Fixed (stage, micro-batch) backward order of a rank, or None where the schedule picks greedily."""
+    stages = [c * pp + rank for c in range(v)]
+    if schedule in ("GPipe", "1F1B"):
+        return [(rank, mb) for mb in range(n_micro)]
+    if schedule == "LoopedBFS":
+        return [(s, mb) for s in reversed(stages) for mb in range(n_micro)]
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+        fwd = forward_order(schedule, pp, v, rank, n_micro)
+        # Mirror of the forward order: the last chunk's micro-batches come back first.
+        return [(stages[v - 1 - stages.index(s)], mb) for s, mb in fwd]
+    return None
+
+
+def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: list[float],
+             w: list[float] | None = None, p2p: float = 0.0, w_memory_share: float = 0.5) -> ScheduleResult:
+    """Simulate one optimizer step of the pipeline.
+
+    f, b, w: per-stage durations of forward, backward-input and backward-weight (w is folded into b
+    for schedules that do not split). p2p: activation send time between stages on different ranks.
+    w_memory_share: share of a stage's activations still held after B until its W runs.
+    """
+    n_stages = pp * v
+    split = schedule in SPLIT_BACKWARD
+    w = list(w) if w is not None else [0.0] * n_stages
+    b_eff = list(b) if split else [bi + wi for bi, wi in zip(b, w)]
+    rank_of = [stage_rank(s, pp, schedule) for s in range(n_stages)]
+    f_done: dict[tuple[int, int], float] = {}
+    b_done: dict[tuple[int, int], float] = {}
+    result = ScheduleResult(schedule, pp, v, n_micro, busy=[0.0] * pp, peak_in_flight=[0.0] * pp)
+    free = [0.0] * pp
+    last_kind = ["B"] * pp
+    held = [0.0] * pp
+    n_held = [0] * pp
+    orders = [forward_order(schedule, pp, v, r, n_micro) for r in range(pp)]
+    b_orders = [backward_order(schedule, pp, v, r, n_micro) for r in range(pp)]
+    next_f = [0] * pp
+    next_b = [0] * pp
+    pending_f = [{(s, mb) for s in range(n_stages) if rank_of[s] == r for mb in range(n_micro)} for r in range(pp)]
+    pending_w: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+    remaining = n_stages * n_micro * (3 if split else 2)
+    limits = [in_flight_limit(schedule, pp, v, r, n_micro) for r in range(pp)]
+
+    def f_ready(s: int, mb: int) -> float | None:
+        if s == 0:
+            return 0.0
+        t = f_done.get((s - 1, mb))
+        if t is None:
+            return None
+        return t + (p2p if rank_of[s - 1] != rank_of[s] else 0.0)
+
+    def b_ready(s: int, mb: int) -> float | None:
+        if (s, mb) not in f_done:
+            return None
+        if s == n_stages - 1:
+            return f_done[(s, mb)]
+        t = b_done.get((s + 1, mb))
+        if t is None:
+            return None
+        return max(t + (p2p if rank_of[s + 1] != rank_of[s] else 0.0), f_done[(s, mb)])
+
+    def candidates(r: int) -> list[tuple[float, int, int, int, str]]:
+        out = []
+        if n_held[r] < limits[r] and pending_f[r]:
+            if orders[r] is not None:
+                s, mb = orders[r][next_f[r]]
+                t = f_ready(s, mb)
+                if t is not None:
+                    out.append((t, 1, -s, mb, "F"))
+            else:
+                for s, mb in pending_f[r]:
+                    t = f_ready(s, mb)
+                    if t is not None:
+                        out.append((t, 1, -s, mb, "F"))
+        if b_orders[r] is not None:
+            if next_b[r] < len(b_orders[r]):
+                s, mb = b_orders[r][next_b[r]]
+                t = b_ready(s, mb)
+                if t is not None:
+                    out.append((t, 0, mb, -s, "B"))
+        else:
+            for (s, mb) in list(f_done):
+                if rank_of[s] == r and (s, mb) not in b_done:
+                    t = b_ready(s, mb)
+                    if t is not None:
+                        out.append((t, 0, mb, -s, "B"))
+        for s, mb in pending_w[r]:
+            out.append((b_done[(s, mb)], 2, mb, s, "W"))
+        return out
+
+    def pick(r: int) -> tuple[float, tuple] | None:
+        cands = candidates(r)
+        if not cands:
+            return None
+        ready_now = [c for c in cands if c[0] <= free[r] + 1e-12]
+        if ready_now:
+            if schedule in FORWARD_FIRST:
+                rank_kind = {"F": 0, "B": 1, "W": 2}
+            else:
+                # Steady 1F1B: when a forward and a backward are both ready, take the other kind
+                # than last time; weight-gradient work only fills what would otherwise be idle.
+                rank_kind = {"F": 0, "B": 1, "W": 2} if last_kind[r] == "B" else {"B": 0, "F": 1, "W": 2}
+            best = min(ready_now, key=lambda c: (rank_kind[c[4]], c[2], c[3]))
+            return free[r], best
+        best = min(cands, key=lambda c: (c[0], c[1], c[2], c[3]))
+        return best[0], best
+
+    while remaining:
+        choice = None
+        for r in range(pp):
+            got = pick(r)
+            if got is not None and (choice is None or got[0] < choice[0] - 1e-15):
+                choice = (got[0], r, got[1])
+        if choice is None:
+            raise RuntimeError(f"{schedule}: deadlock with pp={pp} v={v} m={n_micro}")
+        start, r, cand = choice
+        kind = cand[4]
+        if kind == "F":
+            s, mb = -cand[2], cand[3]
+            if orders[r] is not None:
+                next_f[r] += 1
+            pending_f[r].discard((s, mb))
+            end = start + f[s]
+            f_done[(s, mb)] = end
+            held[r] += 1.0
+            n_held[r] += 1
+        elif kind == "B":
+            s, mb = -cand[3], cand[2]
+            if b_orders[r] is not None:
+                next_b[r] += 1
+            end = start + b_eff[s]
+            b_done[(s, mb)] = end
+            n_held[r] -= 1
+            if split:
+                held[r] -= 1.0 - w_memory_share
+                pending_w[r].append((s, mb))
+            else:
+                held[r] -= 1.0
+        else:
+            s, mb = cand[3], cand[2]
+            pending_w[r].remove((s, mb))
+            end = start + w[s]
+            held[r] -= w_memory_share
+        result.peak_in_flight[r] = max(result.peak_in_flight[r], held[r])
+        result.blocks.append(Block(r, s, mb, kind, start, end))
+        result.busy[r] += end - start
+        free[r] = end
+        if kind != "W":
+            last_kind[r] = kind
+        remaining -= 1
+    result.makespan = max(bl.end for bl in result.blocks)
+    return result
+
+
+@lru_cache(maxsize=4096)
+def simulate_uniform(schedule: str, pp: int, v: int, n_micro: int, f: float, b: float, w: float,
+                     p2p: float) -> tuple[float, float, tuple[float, ...]]:
+    """Cached simulation with equal stages: (makespan, bubble_time, peak in-flight per rank)."""
+    n = pp * v
+    res = simulate(schedule, pp, v, n_micro, [f] * n, [b] * n, [w] * n, p2p)
+    return res.makespan, res.bubble_time, tuple(res.peak_in_flight)
