@@ -1,0 +1,151 @@
+"""What one transformer block keeps for backward, tensor by tensor, and what recompute costs.
+
+Each saved tensor has a size per token and a sharding rule. The PyTorch convention (flash
+attention, no dropout, DTensor TP saving the all-gathered input of column-parallel matmuls) is
+what the runtime and TorchTitan do; the Megatron convention (eager attention with its s^2 score
+tensors, dropout masks, sequence parallel re-gathering its inputs) reproduces Korthikanti et
+al. (2022) Table 2 exactly, which tests check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.specs.model import ModelSpec
+
+# Sharding of a saved tensor across the TP group:
+#   "tp"       always split (head- or FFN-sharded activations)
+#   "sp"       split only with sequence parallel (norm inputs, residual stream)
+#   "gathered" the all-gathered input of a column-parallel matmul: split only if SP re-gathers it
+#   "none"     never split (Partial outputs of row-parallel matmuls before their reduction)
+SHARDINGS = ("tp", "sp", "gathered", "none")
+
+# TorchTitan's default selective policy ("op"): save SDPA outputs, every other matmul output
+# (wq, wv, w1, w2 of a Llama block) and reduce-scatter outputs. Names of ActivationTensor below.
+TORCHTITAN_OP_SAC = ("block_in", "q_mm", "v_mm", "attn_core_out", "ffn_in_0", "ffn_out_mm", "attn_out_rs", "ffn_out_rs")
+
+
+@dataclass(frozen=True)
+class Convention:
+    attention: str = "flash"  # flash | eager
+    dropout: bool = False
+    sp_regathers: bool = False  # Megatron SP keeps the sharded input and all-gathers it again in backward
+
+
+PYTORCH = Convention()
+MEGATRON = Convention(attention="eager", dropout=True, sp_regathers=True)
+
+
+@dataclass(frozen=True)
+class ActivationTensor:
+    name: str
+    sac_kind: str  # the SAC op kind whose output this is (see specs.plan.SAC_OPS), or "other"
+    elements_per_token: float
+    shard: str
+    bytes_per_element: float | None = None  # None: the activation dtype
+    no_ac_saved: bool = True  # kept when there is no checkpointing at all
+
+
+def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH) -> list[ActivationTensor]:
+    """Tensors a block produces that backward may need, per token (seq_len: keys each query sees)."""
+    d, kv, f, a = spec.dim, spec.kv_dim, spec.ffn_dim, spec.n_heads
+    t = [ActivationTensor("block_in", "other", d, "sp"),
+         ActivationTensor("attn_norm_out", "other", d, "gathered")]
+    t += [ActivationTensor("q_mm", "qkv", d, "tp", no_ac_saved=False),
+          ActivationTensor("k_mm", "qkv", kv, "tp", no_ac_saved=False),
+          ActivationTensor("v_mm", "qkv", kv, "tp", no_ac_saved=False)]
+    # Attention core inputs (q, k after RoPE; v) and output are what its backward needs.
+    t += [ActivationTensor("q_in", "other", d, "tp"), ActivationTensor("k_in", "other", kv, "tp"),
+          ActivationTensor("v_in", "other", kv, "tp")]
+    if conv.attention == "eager":
+        t += [ActivationTensor("softmax_out", "other", a * seq_len, "tp")]
+        if conv.dropout:
+            t += [ActivationTensor("attn_dropout_mask", "other", a * seq_len, "tp", 1.0),
+                  ActivationTensor("attn_dropout_out", "other", a * seq_len, "tp")]
+    t += [ActivationTensor("attn_core_out", "attention", d, "tp")]
+    t += [ActivationTensor("attn_out_mm", "attn_out", d, "none", no_ac_saved=False),
+          ActivationTensor("attn_out_rs", "attn_out", d, "sp", no_ac_saved=False)]
+    if conv.dropout:
+        t += [ActivationTensor("attn_resid_dropout_mask", "other", d, "sp", 1.0)]
+    t += [ActivationTensor("ffn_norm_in", "other", d, "sp"),
+          ActivationTensor("ffn_norm_out", "other", d, "gathered")]
+    if spec.arch == "llama":
+        t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_in_1", "ffn_in", f, "tp"),
+              ActivationTensor("ffn_act", "other", f, "tp"), ActivationTensor("ffn_gated", "other", f, "tp")]
+    else:
+        t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_act", "other", f, "tp")]
+    t += [ActivationTensor("ffn_out_mm", "ffn_out", d, "none", no_ac_saved=False),
+          ActivationTensor("ffn_out_rs", "ffn_out", d, "sp", no_ac_saved=False)]
+    if conv.dropout:
+        t += [ActivationTensor("ffn_resid_dropout_mask", "other", d, "sp", 1.0)]
+    return t
+
+
+def _divisor(shard: str, tp: int, sp: bool, conv: Convention) -> int:
+    if shard == "tp":
+        return tp
+    if shard == "sp":
+        return tp if sp else 1
+    if shard == "gathered":
+        return tp if (sp and conv.sp_regathers) else 1
+    return 1
+
+
+def tensor_bytes_per_token(x: ActivationTensor, tp: int, sp: bool, act_bytes: float, conv: Convention) -> float:
+    if x.shard == "none" and tp == 1:
+        return 0.0  # without TP the matmul output and its reduction are the same tensor as the *_rs entry
+    per = x.bytes_per_element if x.bytes_per_element is not None else act_bytes
+    return x.elements_per_token * per / _divisor(x.shard, tp, sp, conv)
+
+
+def saved_names(spec: ModelSpec, ac: str, sac_ops: list[str] | None, conv: Convention, tp: int) -> set[str]:
+    """Names of the tensors kept between a block's forward and its backward."""
+    tensors = block_tensors(spec, 1, conv)
+    if ac == "none":
+        return {x.name for x in tensors if x.no_ac_saved}
+    if ac == "full":
+        return {"block_in"}
+    if sac_ops is None:
+        if conv.attention == "eager":
+            # Korthikanti's selective recompute: drop only the s^2 attention-core tensors.
+            return {x.name for x in tensors if x.no_ac_saved and x.name not in
+                    ("softmax_out", "attn_dropout_mask", "attn_dropout_out")}
+        names = set(TORCHTITAN_OP_SAC)
+        if spec.arch == "gpt":
+            names.discard("v_mm")
+        if tp == 1:
+            names -= {"attn_out_rs", "ffn_out_rs"}
+            names.add("ffn_out_rs")  # w2's output is the reduce-scatter's when there is no TP
+        return names
+    keep = {"block_in"}
+    for x in tensors:
+        if x.sac_kind in sac_ops:
+            keep.add(x.name)
+    return keep
+
+
+def activation_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, ac: str,
+                               sac_ops: list[str] | None, act_bytes: float, conv: Convention = PYTORCH) -> float:
+    """Bytes one block keeps per token of its micro-batch, on one TP rank."""
+    keep = saved_names(spec, ac, sac_ops, conv, tp)
+    return sum(tensor_bytes_per_token(x, tp, sp, act_bytes, conv)
+               for x in block_tensors(spec, seq_len, conv) if x.name in keep)
+
+
+def recompute_peak_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, act_bytes: float,
+                                   conv: Convention = PYTORCH) -> float:
+    """Transient: the whole block's backward set, materialised while one checkpointed block recomputes."""
+    return activation_bytes_per_token(spec, seq_len, tp, sp, "none", None, act_bytes, conv)
+
+
+def recomputed_kinds(ac: str, sac_ops: list[str] | None, arch: str) -> set[str]:
+    """Op kinds whose forward runs again in backward (matmul kinds and the attention core)."""
+    if ac == "none":
+        return set()
+    if ac == "full":
+        return {"qkv", "attention", "attn_out", "ffn_in", "ffn_out"}
+    if sac_ops is None:
+        # TorchTitan's op policy saves every other matmul; recomputes wk, wo and w3 (GPT: wk, wv, wo).
+        return {"qkv_partial", "attn_out", "ffn_in_partial"} if arch == "llama" else {"qkv_partial", "attn_out"}
+    need = {"qkv", "attention", "attn_out", "ffn_in"}  # ffn_out's output is not needed by the block's backward
+    return need - set(sac_ops)

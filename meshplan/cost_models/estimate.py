@@ -1,0 +1,214 @@
+"""Estimate: step time, throughput, MFU and per-rank peak memory of a complete plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from meshplan.cost_models.activations import recomputed_kinds
+from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
+from meshplan.cost_models.compute import memory_bound_time
+from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
+from meshplan.cost_models.layout import Layout, layout_of
+from meshplan.cost_models.memory import GIB, RankMemory, rank_memory, stage_params
+from meshplan.cost_models.pipeline import simulate, stage_rank
+from meshplan.cost_models.timing import block_time, embedding_time, head_time
+from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.plan import MESH_DIMS, Plan
+
+# Outer to inner, as TorchTitan builds its mesh: TP varies fastest so it stays inside a node.
+DEFAULT_MESH_ORDER = MESH_DIMS
+ADAMW_BYTES_PER_PARAM = 28.0  # read p, g, m, v and write p, m, v, all fp32
+
+
+@dataclass
+class Estimate:
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_flops_per_token: float
+    mfu: float
+    hfu: float
+    peak_memory_gib: float
+    fits: bool
+    memory_gib: dict[str, float]
+    time_s: dict[str, float]
+    per_rank_memory_gib: list[dict[str, float]]
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    placement: dict[str, str] = field(default_factory=dict)
+    usable_memory_gib: float = 0.0
+
+    def to_json(self, plan: Plan | None = None) -> dict[str, Any]:
+        out = {
+            "step_time_s": self.step_time_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "model_flops_per_token": self.model_flops_per_token,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "peak_memory_gib": self.peak_memory_gib,
+            "usable_memory_gib": self.usable_memory_gib,
+            "fits": self.fits,
+            "memory_gib": self.memory_gib,
+            "time_s": self.time_s,
+            "per_rank_memory_gib": self.per_rank_memory_gib,
+            "pipeline": self.pipeline,
+            "placement": self.placement,
+        }
+        if plan is not None:
+            out["plan"] = plan.to_dict()
+        return out
+
+    def summary(self) -> dict[str, float]:
+        """The short form written into a plan file's `estimate:` section."""
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in {
+            "step_time_s": self.step_time_s, "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "mfu": self.mfu, "hfu": self.hfu, "peak_memory_gib": self.peak_memory_gib, "fits": self.fits}.items()}
+
+
+def group_spans(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> dict[str, GroupSpan]:
+    """Each mesh dimension's group: its size and how many of its ranks share a node."""
+    degrees = {"pp": lay.pp, "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard, "cp": lay.cp, "tp": lay.tp}
+    spans, inner = {}, 1
+    for dim in reversed(order):
+        d = degrees[dim]
+        per_node = max(1, min(d, prof.devices_per_node // inner)) if inner < prof.devices_per_node else 1
+        spans[dim] = GroupSpan(d, per_node)
+        inner *= d
+    return spans
+
+
+def placement_of(spans: dict[str, GroupSpan], prof: ClusterProfile) -> dict[str, str]:
+    return {dim: (prof.node_level() if s.nodes <= 1 else prof.cluster_level()) for dim, s in spans.items() if s.size > 1}
+
+
+def estimate_plan(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> Estimate:
+    return estimate_layout(layout_of(plan), profile, order)
+
+
+def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> Estimate:
+    spans = group_spans(lay, prof, order)
+    bt = block_time(lay, prof, spans)
+    head = head_time(lay, prof)
+    emb = embedding_time(lay, prof)
+    passes = 2 if lay.ac == "full" else 1  # forward passes whose TP/CP comm repeats
+    tp_pass = bt.tp_comm / (passes + 1)
+    cp_pass = bt.cp_comm / (passes + 1)
+    n_stages = lay.n_stages
+    f, b, w = [], [], []
+    for s in range(n_stages):
+        layers = lay.stage_layers[s]
+        f.append(layers * (bt.forward + tp_pass + cp_pass) + (emb if s == 0 else 0.0)
+                 + (head.forward if s == n_stages - 1 else 0.0))
+        b.append(layers * (bt.backward_input + bt.recompute + passes * (tp_pass + cp_pass))
+                 + (head.backward if s == n_stages - 1 else 0.0))
+        w.append(layers * bt.backward_weight)
+    if lay.pp > 1:
+        pp_span = spans["pp"]
+        payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1)
+        p2p = p2p_time(prof, payload, crosses_node=pp_span.nodes > 1)
+        makespan, busy, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f), tuple(b), tuple(w), p2p)
+    else:
+        p2p = 0.0
+        makespan = lay.n_micro * (f[0] + b[0] + w[0])
+        busy, in_flight = (makespan,), (1.0,)
+    crit = max(range(lay.pp), key=lambda r: busy[r])
+    data_exposed, data_detail = _data_parallel_comm(lay, prof, spans, crit, busy[crit], bt)
+    optimizer = _optimizer_time(lay, prof, crit)
+    step = makespan + data_exposed + optimizer + prof.overheads.step_overhead_s
+
+    time_s = _time_breakdown(lay, bt, head, emb, crit, busy[crit], makespan)
+    time_s.update(data_detail)
+    time_s["optimizer"] = optimizer
+    time_s["overhead"] = prof.overheads.step_overhead_s
+
+    mems = [rank_memory(lay, r, in_flight[r], prof.overheads) for r in range(lay.pp)]
+    peak = max(mems, key=lambda m: m.total)
+    tokens_per_s = lay.global_batch * lay.seq_len / step / lay.gpus
+    mflops = model_flops_per_token(lay.spec, lay.seq_len)
+    peak_flops = prof.device.peak_tflops.get("bf16", prof.device.peak_tflops.get("fp32")) * 1e12
+    mfu = mflops * tokens_per_s / peak_flops
+    usable = prof.device.usable_memory_gib
+    return Estimate(
+        step_time_s=step,
+        tokens_per_s_per_gpu=tokens_per_s,
+        model_flops_per_token=mflops,
+        mfu=mfu,
+        hfu=mfu * (1 + _recompute_flops_per_token(lay) / mflops),
+        peak_memory_gib=peak.total / GIB,
+        fits=peak.total / GIB <= usable,
+        memory_gib=peak.gib(),
+        time_s=time_s,
+        per_rank_memory_gib=[{"pp_rank": m.rank, "total": m.total / GIB, **m.gib()} for m in mems],
+        pipeline={"schedule": lay.schedule, "pp": lay.pp, "virtual_stages": lay.v, "microbatches": lay.n_micro,
+                  "stage_layers": list(lay.stage_layers), "bubble_fraction": (makespan - busy[crit]) / makespan,
+                  "in_flight": list(in_flight), "p2p_s": p2p},
+        placement=placement_of(spans, prof),
+        usable_memory_gib=usable,
+    )
+
+
+@lru_cache(maxsize=8192)
+def _simulate_cached(schedule: str, pp: int, v: int, m: int, f: tuple, b: tuple, w: tuple, p2p: float):
+    res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p)
+    return res.makespan, tuple(res.busy), tuple(res.peak_in_flight)
+
+
+def _time_breakdown(lay: Layout, bt, head, emb, crit: int, busy: float, makespan: float) -> dict[str, float]:
+    stages = [s for s in range(lay.n_stages) if stage_rank(s, lay.pp, lay.schedule) == crit]
+    layers = sum(lay.stage_layers[s] for s in stages)
+    m = lay.n_micro
+    extra = (emb if 0 in stages else 0.0) + (head.forward + head.backward if lay.n_stages - 1 in stages else 0.0)
+    compute = m * (layers * (bt.forward + bt.backward_input + bt.backward_weight) + extra)
+    out = {
+        "compute": compute,
+        "recompute": m * layers * bt.recompute,
+        "tp_comm": m * layers * bt.tp_comm,
+        "cp_comm": m * layers * bt.cp_comm,
+        "pipeline_bubble": makespan - busy,
+    }
+    return out
+
+
+def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int, busy: float, bt):
+    """Exposed FSDP all-gather / reduce-scatter and replica all-reduce: what compute cannot hide."""
+    sp = stage_params(lay, crit)
+    params = sp.total
+    gather_bytes = 1.0 if lay.float8 else lay.act_bytes
+    fsdp = dp = 0.0
+    tail = 0.0
+    if lay.dp_shard > 1:
+        span = spans["dp_shard"]
+        held = lay.pp > 1 or not lay.reshard_after_forward
+        gathers = 1 if held else 2 * lay.n_micro
+        fsdp = gathers * collective_time(prof, "all_gather", params * gather_bytes, span)
+        fsdp += collective_time(prof, "reduce_scatter", params * 4.0, span)
+        tail += collective_time(prof, "all_gather", sp.block * gather_bytes, span)
+        tail += collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
+    if lay.dp_replicate > 1:
+        span = spans["dp_replicate"]
+        dp = collective_time(prof, "all_reduce", params * 4.0 / lay.dp_shard, span)
+        tail += collective_time(prof, "all_reduce", sp.block * 4.0 / lay.dp_shard, span)
+    hidden = prof.overheads.fsdp_overlap * busy
+    total = fsdp + dp
+    exposed = max(0.0, total - hidden) + tail if total else 0.0
+    share = fsdp / total if total else 0.0
+    return exposed, {"fsdp_comm": exposed * share, "dp_comm": exposed * (1 - share)}
+
+
+def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
+    local = stage_params(lay, rank).total / lay.dp_shard
+    return memory_bound_time(prof.device, local * (ADAMW_BYTES_PER_PARAM + 4.0))
+
+
+def _recompute_flops_per_token(lay: Layout) -> float:
+    kinds = recomputed_kinds(lay.ac, list(lay.sac_ops) if lay.sac_ops else None, lay.spec.arch)
+    spec = lay.spec
+    flops = 0.0
+    for mm in layer_matmuls(spec):
+        if mm.kind in kinds:
+            flops += mm.flops_per_token
+        elif f"{mm.kind}_partial" in kinds:
+            flops += mm.flops_per_token * (spec.kv_dim / (spec.dim + 2 * spec.kv_dim) if mm.kind == "qkv" else 0.5)
+    if "attention" in kinds:
+        flops += attention_flops_per_token(spec, lay.seq_len, causal=False)
+    return flops * spec.n_layers

@@ -1,0 +1,80 @@
+"""A complete plan's numbers in one place: degrees, micro-batches, stage splits and dtypes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import Plan
+
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Everything the cost model needs from a complete plan, derived once."""
+
+    spec: ModelSpec
+    gpus: int
+    seq_len: int
+    global_batch: int
+    micro_batch: int
+    dtype: str
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    sp: bool
+    async_tp: bool
+    pp: int
+    schedule: str
+    v: int
+    stage_layers: tuple[int, ...]
+    cp: int
+    ac: str
+    sac_ops: tuple[str, ...] | None
+    float8: bool
+    reshard_after_forward: bool
+    compile: bool
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def n_micro(self) -> int:
+        """Micro-batches per optimizer step on each data-parallel rank (PP micro-batches or accumulation)."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def tokens_per_micro(self) -> int:
+        """Tokens one rank processes per micro-batch (after CP splits the sequence)."""
+        return self.micro_batch * self.seq_len // self.cp
+
+    @property
+    def act_bytes(self) -> float:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def n_stages(self) -> int:
+        return self.pp * self.v
+
+
+def even_split(n_layers: int, n_stages: int) -> tuple[int, ...]:
+    base, extra = divmod(n_layers, n_stages)
+    return tuple(base + (1 if i < extra else 0) for i in range(n_stages))
+
+
+def layout_of(plan: Plan) -> Layout:
+    p, t, m = plan.parallel, plan.training, plan.memory
+    if not plan.is_complete():
+        raise ValueError(f"plan has auto fields: {plan.auto_fields()}")
+    pp, v = p.pp, (p.pp_virtual_stages if p.pp > 1 else 1)
+    layers = tuple(p.pp_layers) if p.pp_layers else even_split(plan.model.n_layers, pp * v)
+    return Layout(
+        spec=plan.model, gpus=plan.gpus, seq_len=t.seq_len, global_batch=t.global_batch,
+        micro_batch=t.micro_batch, dtype=t.dtype, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard,
+        tp=p.tp, sp=bool(p.sequence_parallel) and p.tp > 1, async_tp=bool(p.async_tp) and p.tp > 1,
+        pp=pp, schedule=p.pp_schedule if pp > 1 else "1F1B", v=v, stage_layers=layers, cp=p.cp,
+        ac=m.activation_checkpointing, sac_ops=tuple(m.sac_ops) if m.sac_ops else None,
+        float8=bool(m.float8), reshard_after_forward=bool(m.reshard_after_forward), compile=bool(plan.compile),
+    )

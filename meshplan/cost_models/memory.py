@@ -1,0 +1,123 @@
+"""Peak memory per rank: model states, FSDP buffers, activations in flight, loss buffers, overheads.
+
+Mixed precision follows FSDP2 as TorchTitan uses it: fp32 sharded parameters, fp32 sharded
+gradients, fp32 AdamW moments (16 bytes per parameter, divided by dp_shard), parameters
+all-gathered in the compute dtype. fp32 runs (CPU) gather fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshplan.cost_models.activations import activation_bytes_per_token, recompute_peak_bytes_per_token
+from meshplan.cost_models.layout import Layout
+from meshplan.profiles.schema import Overheads
+
+GIB = 1024.0 ** 3
+STATE_BYTES = {"params": 4.0, "grads": 4.0, "optimizer": 8.0}
+
+
+@dataclass
+class StageParams:
+    """Parameters one pipeline rank holds, per TP rank (before FSDP sharding)."""
+
+    layers: int
+    block: float  # one block's parameters on a TP rank
+    embedding: float  # input embedding (first stage)
+    head: float  # final norm + output projection (last stage)
+
+    @property
+    def total(self) -> float:
+        return self.layers * self.block + self.embedding + self.head
+
+
+@dataclass
+class RankMemory:
+    rank: int
+    parts: dict[str, float] = field(default_factory=dict)  # bytes
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def gib(self) -> dict[str, float]:
+        return {k: v / GIB for k, v in self.parts.items()}
+
+
+def stage_params(lay: Layout, rank: int) -> StageParams:
+    spec = lay.spec
+    stages = [s for s in range(lay.n_stages) if _stage_rank(lay, s) == rank]
+    layers = sum(lay.stage_layers[s] for s in stages)
+    block = spec.layer_params() / lay.tp
+    first = 0 in stages
+    last = (lay.n_stages - 1) in stages
+    emb = spec.embedding_params() / lay.tp if first else 0.0
+    head = (spec.head_params() - spec.dim) / lay.tp + spec.dim if last else 0.0
+    if spec.tied_embeddings and last and not first:
+        head += spec.vocab_size * spec.dim / lay.tp  # the tied matrix lives on both ends
+    return StageParams(layers, block, emb, head)
+
+
+def _stage_rank(lay: Layout, stage: int) -> int:
+    from meshplan.cost_models.pipeline import stage_rank
+
+    return stage_rank(stage, lay.pp, lay.schedule)
+
+
+def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) -> RankMemory:
+    """Peak bytes on pipeline rank `rank`; in_flight = (stage, micro-batch) activation sets held at peak."""
+    sp = stage_params(lay, rank)
+    p = sp.total
+    shard = lay.dp_shard
+    mem = RankMemory(rank)
+    mem.parts["params"] = STATE_BYTES["params"] * p / shard
+    mem.parts["grads"] = STATE_BYTES["grads"] * p / shard
+    mem.parts["optimizer"] = STATE_BYTES["optimizer"] * p / shard
+    mem.parts["fsdp_buffers"] = _fsdp_buffers(lay, sp)
+    layers_per_stage = sp.layers / lay.v
+    tokens = lay.tokens_per_micro
+    per_layer = activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
+                                           list(lay.sac_ops) if lay.sac_ops else None, lay.act_bytes)
+    # One in-flight unit is one stage's layers for one micro-batch (plus the hidden state handed on).
+    unit = tokens * (per_layer * layers_per_stage + lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1))
+    mem.parts["activations"] = unit * in_flight
+    transient = 0.0
+    if lay.ac != "none":
+        transient = tokens * recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes)
+    if sp.head:
+        transient = max(transient, loss_buffer_bytes(lay))
+    mem.parts["transient"] = transient
+    if lay.cp > 1:
+        # All-gathered keys and values of one layer, for the whole sequence.
+        mem.parts["cp_buffers"] = 2 * lay.micro_batch * lay.seq_len * lay.spec.kv_dim / lay.tp * lay.act_bytes
+    live = mem.total
+    mem.parts["overhead"] = overheads.context_gib * GIB + overheads.memory_fragmentation * live
+    return mem
+
+
+def loss_buffer_bytes(lay: Layout) -> float:
+    """Logits and cross-entropy buffers at the start of backward on the last stage.
+
+    Compute-dtype logits, their fp32 upcast, the saved log-softmax and its fp32 gradient; in fp32
+    runs the upcast is the logits themselves. Also the final norm output the head matmul saved.
+    """
+    elems = lay.tokens_per_micro * lay.spec.vocab_size / lay.tp
+    per = (lay.act_bytes + 12.0) if lay.act_bytes < 4 else 12.0
+    return elems * per + lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
+
+
+def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
+    """Unsharded parameters and gradients FSDP materialises (compute dtype; float8 gathers 1 byte)."""
+    if lay.dp_shard == 1:
+        return 0.0
+    gather_bytes = 1.0 if lay.float8 else lay.act_bytes
+    grad_bytes = lay.act_bytes
+    # Root module (embedding, final norm, head) stays unsharded for the whole step.
+    root = (sp.embedding + sp.head) * lay.act_bytes
+    if not lay.reshard_after_forward or lay.pp > 1:
+        held = sp.layers * sp.block * gather_bytes
+        # Pipelining defers gradient reduction to the last micro-batch: unsharded grads accumulate.
+        grads = sp.layers * sp.block * grad_bytes if lay.pp > 1 else 2 * sp.block * grad_bytes
+        return held + grads + root
+    # Current block plus the prefetched next one, for parameters and for gradients.
+    return 2 * sp.block * gather_bytes + 2 * sp.block * grad_bytes + root

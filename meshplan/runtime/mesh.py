@@ -1,0 +1,50 @@
+"""The DeviceMesh of a plan: named dims pp, dp_replicate, dp_shard, cp, tp (tp innermost, so TP
+ranks are neighbours), plus flattened views used by data parallelism and data loading."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from meshplan.specs.plan import MESH_DIMS, Plan
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    pp: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> "ParallelDims":
+        p = plan.parallel
+        return cls(pp=p.pp, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp)
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: ranks that read different sequences."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_size(self) -> int:
+        """FSDP shards over dp_shard and cp together (CP ranks hold the same parameters and their
+        gradients must be averaged, exactly as across data-parallel ranks)."""
+        return self.dp_shard * self.cp
+
+
+def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
+    """The 5-D mesh (size-1 dims included, so code can always slice by name) and flattened dims:
+    `dp_shard_cp` (FSDP group), `dp` (data loading), `dp_cp` (loss averaging)."""
+    shape = tuple(getattr(dims, name) for name in MESH_DIMS)
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+    mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+    return mesh

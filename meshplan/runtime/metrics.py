@@ -1,0 +1,202 @@
+"""Per-step metrics, peak memory measurement, and the run summary (measured vs predicted).
+
+Peak memory
+-----------
+CUDA: torch.cuda.max_memory_allocated() over the step (the caching allocator's live bytes).
+
+CPU (no allocator statistics): `LiveTensorMemory` counts the bytes of every live tensor *storage*
+on the rank's device, and keeps the maximum over the step:
+  - at the start of the step it finds every live tensor reachable from Python (gc scan): parameters
+    (for DTensor / FSDP2 the local shard's whole storage, including FSDP2's padding), gradients,
+    optimizer state (exp_avg, exp_avg_sq, step), pipeline-stage buffers, the data batch;
+  - during the step it is a TorchDispatchMode that registers the storage of every op output
+    (activations, saved tensors, all-gathered parameters, communication buffers, recomputed
+    activations, optimizer temporaries); tensor subclasses (DTensor, float8) count their inner
+    plain tensors;
+  - after every op it sums storage.nbytes() over the live storages (weakly referenced, so a freed
+    storage drops out; FSDP2 frees unsharded parameters by resizing their storage to 0, which
+    nbytes() sees), and keeps the maximum.
+Storages are counted once however many views share them. Not counted: memory that is not a torch
+tensor (gloo's internal buffers, Python objects), and tensors allocated and freed inside a single
+op's kernel or inside a tensor subclass's own dispatch (e.g. DTensor's local temporaries), which
+are transient. The per-rank peak is reduced with MAX over all ranks.
+Tracking costs a Python sum per op, so by default it runs only on the timing warm-up steps (which
+are excluded from the timing medians) and later rows repeat the largest peak seen; rows say
+`memory_tracked`. `--track-memory all` tracks every step.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import weakref
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_flatten
+
+GIB = 2**30
+
+
+def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding `t`'s data (recursing through DTensor / float8 subclasses)."""
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()
+        out = []
+        for name in names:
+            out += plain_tensors(getattr(t, name))
+        return out
+    return [t]
+
+
+class LiveTensorMemory(TorchDispatchMode):
+    """Peak bytes of live tensor storages on one device during a `with` block (see module doc)."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = torch.device(device)
+        self.live: dict[int, weakref.ref] = {}
+        self.peak = 0
+
+    def _add(self, t: Any) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        for plain in plain_tensors(t):
+            if plain.device.type != self.device.type or plain.is_meta:
+                continue
+            st = plain.untyped_storage()
+            key = st._cdata
+            if key not in self.live:
+                self.live[key] = weakref.ref(st, lambda _, key=key: self.live.pop(key, None))
+
+    def current(self) -> int:
+        total = 0
+        for ref in list(self.live.values()):
+            st = ref()
+            if st is not None:
+                total += st.nbytes()
+        return total
+
+    def __enter__(self) -> "LiveTensorMemory":
+        gc.collect()
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.Tensor):
+                self._add(obj)
+        self.peak = self.current()
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            self._add(t)
+        # Inputs too: covers storages that FSDP2 resized up outside any op before writing to them.
+        for t in tree_flatten((args, kwargs))[0]:
+            self._add(t)
+        self.peak = max(self.peak, self.current())
+        return out
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float | None
+    peak_memory_gib: float | None
+    memory_tracked: bool
+
+    def line(self) -> str:
+        mfu = f"{self.mfu:.2e}" if self.mfu is not None else "n/a"
+        mem = f"{self.peak_memory_gib * 1024:.2f} MiB" if self.peak_memory_gib is not None else "n/a"
+        return (f"step {self.step:5d}  loss {self.loss:.5f}  grad_norm {self.grad_norm:.3f}  lr {self.lr:.2e}  "
+                f"step {self.step_time_s * 1000:.1f} ms  {self.tokens_per_s_per_gpu:,.0f} tok/s/gpu  "
+                f"mfu {mfu}  peak {mem}")
+
+
+def peak_flops_per_device(profile: Any, dtype: str) -> float | None:
+    peaks = getattr(getattr(profile, "device", None), "peak_tflops", None) or {}
+    value = peaks.get(dtype) or peaks.get("bf16") or peaks.get("fp32")
+    return value * 1e12 if value else None
+
+
+def flops_per_token(plan: Any) -> tuple[float | None, str | None]:
+    """Model FLOPs per token from the cost model (the one FLOP count of the project)."""
+    try:
+        from meshplan.cost_models.flops import model_flops_per_token
+
+        return float(model_flops_per_token(plan.model, plan.training.seq_len)), None
+    except Exception as exc:  # the cost model is optional at run time: report, don't crash
+        return None, f"{exc.__class__.__name__}: {exc}"
+
+
+def predicted(plan: Any) -> tuple[dict | None, str | None]:
+    """The cost model's estimate for the plan, or (None, why not)."""
+    try:
+        from meshplan.cost_models.estimate import estimate_plan
+        from meshplan.profiles import load_profile
+
+        est = estimate_plan(plan, load_profile(plan.cluster))
+        return {"step_time_s": est.step_time_s, "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
+                "peak_memory_gib": est.peak_memory_gib, "memory_gib": dict(getattr(est, "memory_gib", {}) or {})}, None
+    except Exception as exc:
+        return None, f"{exc.__class__.__name__}: {exc}"
+
+
+def load_profile_or_none(cluster: str) -> Any:
+    try:
+        from meshplan.profiles import load_profile
+
+        return load_profile(cluster)
+    except Exception:
+        return None
+
+
+class MetricsLog:
+    """Rank 0 only: appends rows to DIR/metrics.jsonl and prints them."""
+
+    def __init__(self, out: str | None, quiet: bool, append: bool):
+        self.path = Path(out) / "metrics.jsonl" if out else None
+        self.quiet = quiet
+        self.rows: list[StepMetrics] = []
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not append:
+                self.path.write_text("")
+
+    def log(self, row: StepMetrics) -> None:
+        self.rows.append(row)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(asdict(row)) + "\n")
+        if not self.quiet:
+            print(row.line(), flush=True)
+
+
+def measured_summary(rows: list[StepMetrics], warmup: int) -> dict[str, Any]:
+    """Medians over the steps after `warmup` (all steps if there are no others); peak memory is the
+    max over the steps where it was tracked."""
+    timed = rows[warmup:] or rows
+    mem = [r.peak_memory_gib for r in rows if r.memory_tracked and r.peak_memory_gib is not None]
+    return {
+        "step_time_s": statistics.median(r.step_time_s for r in timed),
+        "tokens_per_s_per_gpu": statistics.median(r.tokens_per_s_per_gpu for r in timed),
+        "peak_memory_gib": max(mem) if mem else None,
+        "steps_in_median": [r.step for r in timed],
+        "final_loss": rows[-1].loss,
+    }
+
+
+def ratios(measured: dict[str, Any], pred: dict[str, Any] | None) -> dict[str, float | None]:
+    """measured / predicted per metric."""
+    out: dict[str, float | None] = {}
+    for key in ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib"):
+        m, p = measured.get(key), (pred or {}).get(key)
+        out[key] = (m / p) if (m is not None and p) else None
+    return out

@@ -1,0 +1,223 @@
+"""Llama and GPT decoder-only transformers in plain torch, shaped exactly by a ModelSpec.
+
+torchtitan style: `layers` is an nn.ModuleDict keyed by the global layer index, and
+`tok_embeddings` / `norm` / `output` may be None, so a pipeline stage is the same class with
+parts removed and every parameter keeps the fully-qualified name (FQN) it has in the whole model.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshplan.runtime.sac_regions import sac_region
+from meshplan.specs.model import ModelSpec
+
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class SeqLayout:
+    """Which global token positions this rank's (local) sequence holds.
+
+    Without context parallelism the local sequence is the whole sequence. With load-balanced
+    causal CP the sequence is cut into 2*cp chunks and CP rank r holds chunks r and 2cp-1-r.
+    """
+
+    cp_rank: int = 0
+    cp_size: int = 1
+
+    def positions(self, local_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        if self.cp_size == 1:
+            return torch.arange(local_len, device=device)
+        chunk = local_len // 2
+        first, second = self.cp_rank, 2 * self.cp_size - 1 - self.cp_rank
+        return torch.cat([torch.arange(first * chunk, (first + 1) * chunk, device=device),
+                          torch.arange(second * chunk, (second + 1) * chunk, device=device)])
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding on (batch, seq, heads, head_dim), rotating interleaved pairs like Llama."""
+    head_dim = x.shape[-1]
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim))
+    angles = positions.to(torch.float32)[:, None] * freqs[None, :]  # (seq, head_dim/2)
+    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
+    pairs = x.float().unflatten(-1, (-1, 2))
+    real, imag = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        bias = spec.arch == "gpt"
+        self.head_dim = spec.head_dim
+        self.use_rope = spec.arch == "llama"
+        self.rope_theta = spec.rope_theta
+        self.wq = nn.Linear(spec.dim, spec.n_heads * spec.head_dim, bias=bias)
+        self.wk = nn.Linear(spec.dim, spec.kv_dim, bias=bias)
+        self.wv = nn.Linear(spec.dim, spec.kv_dim, bias=bias)
+        self.wo = nn.Linear(spec.n_heads * spec.head_dim, spec.dim, bias=bias)
+        self.seq_layout = SeqLayout()
+        # Set by context parallelism: fn(q, k, v) -> out over the CP group (None = local causal SDPA).
+        self.cp_attention = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bs, seqlen, _ = x.shape
+        with sac_region("qkv"):
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        # -1 heads: under tensor parallelism this rank holds n_heads/tp (and n_kv_heads/tp) heads.
+        q = q.view(bs, seqlen, -1, self.head_dim)
+        k = k.view(bs, seqlen, -1, self.head_dim)
+        v = v.view(bs, seqlen, -1, self.head_dim)
+        if self.use_rope:
+            positions = self.seq_layout.positions(seqlen, x.device)
+            q, k = rope(q, positions, self.rope_theta), rope(k, positions, self.rope_theta)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        with sac_region("attention"):
+            if self.cp_attention is not None:
+                out = self.cp_attention(q, k, v)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out = out.transpose(1, 2).reshape(bs, seqlen, -1)
+        with sac_region("attn_out"):
+            return self.wo(out)
+
+
+class FeedForward(nn.Module):
+    """Llama: SwiGLU w2(silu(w1 x) * w3 x); GPT: w2(gelu(w1 x)) with biases."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.gated = spec.arch == "llama"
+        bias = not self.gated
+        self.w1 = nn.Linear(spec.dim, spec.ffn_dim, bias=bias)
+        self.w3 = nn.Linear(spec.dim, spec.ffn_dim, bias=False) if self.gated else None
+        self.w2 = nn.Linear(spec.ffn_dim, spec.dim, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with sac_region("ffn_in"):
+            if self.gated:
+                a, b = self.w1(x), self.w3(x)
+            else:
+                a = self.w1(x)
+        h = F.silu(a) * b if self.gated else F.gelu(a)
+        with sac_region("ffn_out"):
+            return self.w2(h)
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    if spec.arch == "llama":
+        return nn.RMSNorm(spec.dim, eps=spec.norm_eps)
+    return nn.LayerNorm(spec.dim, eps=spec.norm_eps)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.attention_norm = make_norm(spec)
+        self.attention = Attention(spec)
+        self.ffn_norm = make_norm(spec)
+        self.feed_forward = FeedForward(spec)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """tokens (batch, seq) -> logits (batch, seq, vocab); a pipeline stage maps hidden -> hidden."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.spec = spec
+        self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.dim)
+        self.pos_embeddings = nn.Embedding(spec.max_seq_len, spec.dim) if spec.arch == "gpt" else None
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.n_layers)})
+        self.norm = make_norm(spec)
+        # Tied: the output projection reuses tok_embeddings.weight (no second parameter).
+        self.output = None if spec.tied_embeddings else nn.Linear(spec.dim, spec.vocab_size, bias=False)
+        self.seq_layout = SeqLayout()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        if self.pos_embeddings is not None:
+            positions = self.seq_layout.positions(x.shape[1], x.device)[None, :]
+            h = h + self.pos_embeddings(positions)
+        for layer in self.layers.values():
+            h = layer(h)
+        if self.norm is None:
+            return h
+        h = self.norm(h)
+        if self.output is not None:
+            return self.output(h)
+        return F.linear(h, self.tok_embeddings.weight)
+
+
+def build_model(spec: ModelSpec, device: str | torch.device = "meta") -> Transformer:
+    """Build the whole model (on meta by default: no memory until materialised after sharding)."""
+    with torch.device(device):
+        return Transformer(spec)
+
+
+def keep_stage(model: Transformer, layer_ids: list[int], first: bool, last: bool) -> Transformer:
+    """Cut a whole model down to one pipeline stage; FQNs of what is kept do not change."""
+    for key in list(model.layers.keys()):
+        if int(key) not in layer_ids:
+            del model.layers[key]
+    if not first:
+        model.tok_embeddings = None
+        model.pos_embeddings = None
+    if not last:
+        model.norm = None
+        model.output = None
+    return model
+
+
+# --- initialisation: a function of (seed, FQN) only, never of the layout -------------------------
+
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.", "module.")
+
+
+def canonical_fqn(name: str) -> str:
+    """The parameter's name in the plain, unwrapped model (wrappers insert path components)."""
+    for prefix in WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def init_value(fqn: str, shape: torch.Size, spec: ModelSpec, seed: int) -> torch.Tensor:
+    """The full initial value of parameter `fqn`: N(0, 0.02) weights (residual projections scaled
+    by 1/sqrt(2*n_layers), as GPT-2), zero biases, unit norm weights."""
+    leaf = fqn.rsplit(".", 1)[-1]
+    is_norm = "norm" in fqn.rsplit(".", 2)[-2] if "." in fqn else False
+    if leaf == "bias":
+        return torch.zeros(shape)
+    if is_norm:
+        return torch.ones(shape)
+    std = INIT_STD
+    if fqn.endswith("attention.wo.weight") or fqn.endswith("feed_forward.w2.weight"):
+        std = INIT_STD / math.sqrt(2 * spec.n_layers)
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % (2**63))
+    return torch.randn(shape, generator=gen) * std
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
+    """Fill every parameter with its layout-independent value: build the full tensor, then keep
+    this rank's shard (DTensor placements from TP/FSDP) without communication."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for name, param in model.named_parameters():
+        full = init_value(canonical_fqn(name), param.shape, spec, seed).to(param.dtype)
+        if isinstance(param, DTensor):
+            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+            param.to_local().copy_(local.to_local())
+        else:
+            param.copy_(full)

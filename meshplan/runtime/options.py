@@ -1,0 +1,48 @@
+"""Run options (the `meshplan run` flags other than the plan) and checks of a plan for running."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.errors import InputError
+from meshplan.specs.plan import Plan
+
+
+@dataclass
+class RunOptions:
+    steps: int = 10
+    data: str = "synthetic"          # "synthetic" or a path to a flat token file
+    data_dtype: str = "auto"         # token file dtype: uint16 | uint32 | auto (by vocab size)
+    out: str | None = None
+    seed: int = 0
+    resume: bool = False
+    checkpoint_every: int = 0        # 0: only at the end (when --out is given)
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1        # cosine decays to lr * min_lr_ratio
+    warmup_steps: int | None = None  # LR warm-up; None: max(1, steps // 10)
+    weight_decay: float = 0.1
+    max_grad_norm: float = 1.0
+    timing_warmup: int = 2           # first steps excluded from the measured medians
+    track_memory: str = "warmup"     # warmup | all | off (see metrics.py)
+    quiet: bool = False
+
+    def lr_warmup_steps(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 10)
+
+
+def check_runnable(plan: Plan) -> None:
+    """A plan can run when nothing is 'auto' and the runtime supports its combination."""
+    auto = plan.auto_fields()
+    if auto:
+        raise InputError("plan", f"has 'auto' fields ({', '.join(auto)}); fill them with "
+                                 "`meshplan estimate --plan P` or `meshplan plan` first")
+    p = plan.parallel
+    if plan.model.tied_embeddings and (p.tp > 1 or p.pp > 1):
+        raise InputError("model.tied_embeddings", "the runtime supports tied embeddings only with tp = pp = 1")
+    local_batch = plan.training.global_batch // p.dp()
+    if p.pp > 1:
+        n_micro = local_batch // plan.training.micro_batch
+        n_stages = p.pp * p.pp_virtual_stages
+        if n_micro < n_stages and p.pp_schedule not in ("GPipe", "1F1B"):
+            raise InputError("training.global_batch", f"gives {n_micro} pipeline micro-batches per rank; "
+                                                      f"{p.pp_schedule} needs at least pp*pp_virtual_stages = {n_stages}")

@@ -1,0 +1,76 @@
+"""Turn a plan into this rank's model parts: build on meta, cut the pipeline stage, then apply
+float8, TP+SP, CP, activation checkpointing, compile and data parallelism (in that order, each a
+flat function in its own file), then materialise and initialise the weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from meshplan.runtime.activation_checkpoint import apply_ac
+from meshplan.runtime.context_parallel import apply_cp
+from meshplan.runtime.data_parallel import apply_data_parallel
+from meshplan.runtime.float8 import apply_float8
+from meshplan.runtime.mesh import ParallelDims
+from meshplan.runtime.model import SeqLayout, Transformer, build_model, init_weights, keep_stage
+from meshplan.runtime.pipeline import split_layers, stage_ids
+from meshplan.runtime.tensor_parallel import apply_tp
+from meshplan.specs.plan import Plan
+
+
+@dataclass
+class ModelParts:
+    """The model chunks this rank runs (several with virtual pipeline stages)."""
+
+    parts: list[Transformer]
+    stage_ids: list[int]
+    n_stages: int
+    seq_layout: SeqLayout
+    loss_parallel: bool
+    data_parallel: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def has_first(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last(self) -> bool:
+        return self.n_stages - 1 in self.stage_ids
+
+
+def parallelize_model(plan: Plan, mesh: DeviceMesh, dims: ParallelDims, device: torch.device,
+                      seed: int, float8_emulate: bool) -> ModelParts:
+    p, mem = plan.parallel, plan.memory
+    spec = plan.model
+    n_stages = dims.pp * p.pp_virtual_stages
+    ids = stage_ids(mesh["pp"].get_local_rank(), dims.pp, p.pp_virtual_stages, p.pp_schedule) if dims.pp > 1 else [0]
+    layers = split_layers(spec.n_layers, n_stages, p.pp_layers) if dims.pp > 1 else [list(range(spec.n_layers))]
+    loss_parallel = dims.tp > 1
+    parts, layout, kind = [], SeqLayout(), "none"
+    for sid in ids:
+        model = build_model(spec, "meta")
+        keep_stage(model, layers[sid], first=sid == 0, last=sid == n_stages - 1)
+        if mem.float8:
+            apply_float8(model, emulate=float8_emulate)
+        if dims.tp > 1:
+            apply_tp(model, mesh["tp"], bool(p.sequence_parallel), bool(mem.float8), loss_parallel)
+        if dims.cp > 1:
+            layout = apply_cp(model, mesh["cp"])
+        apply_ac(model, mem.activation_checkpointing, mem.sac_ops)
+        if plan.compile:
+            for block in model.layers.values():
+                block.compile()
+        kind = apply_data_parallel(model, mesh, dims, bool(mem.reshard_after_forward))
+        model.to_empty(device=device)
+        init_weights(model, spec, seed)
+        parts.append(model)
+    return ModelParts(parts=parts, stage_ids=ids, n_stages=n_stages, seq_layout=layout,
+                      loss_parallel=loss_parallel, data_parallel=kind)
+
+
+def model_parameters(parts: list[nn.Module]) -> list[nn.Parameter]:
+    return [p for m in parts for p in m.parameters()]
