@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -81,8 +81,12 @@ def placement_of(spans: dict[str, GroupSpan], prof: ClusterProfile) -> dict[str,
     return {dim: (prof.node_level() if s.nodes <= 1 else prof.cluster_level()) for dim, s in spans.items() if s.size > 1}
 
 
-def estimate_plan(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> Estimate:
-    return estimate_layout(layout_of(plan), profile, order)
+def estimate_plan(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER,
+                  attention_kernel: str = "flash") -> Estimate:
+    lay = layout_of(plan)
+    if attention_kernel != "flash":
+        lay = replace(lay, attention_kernel=attention_kernel)
+    return estimate_layout(lay, profile, order)
 
 
 def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> Estimate:
@@ -176,8 +180,8 @@ def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Grou
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
     fsdp = dp = 0.0
     tail = 0.0
-    if lay.dp_shard > 1:
-        span = spans["dp_shard"]
+    if lay.fsdp_shard > 1:
+        span = _fsdp_span(spans)
         held = lay.pp > 1 or not lay.reshard_after_forward
         gathers = 1 if held else 2 * lay.n_micro
         fsdp = gathers * collective_time(prof, "all_gather", params * gather_bytes, span)
@@ -186,8 +190,8 @@ def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Grou
         tail += collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
-        dp = collective_time(prof, "all_reduce", params * 4.0 / lay.dp_shard, span)
-        tail += collective_time(prof, "all_reduce", sp.block * 4.0 / lay.dp_shard, span)
+        dp = collective_time(prof, "all_reduce", params * 4.0 / lay.fsdp_shard, span)
+        tail += collective_time(prof, "all_reduce", sp.block * 4.0 / lay.fsdp_shard, span)
     hidden = prof.overheads.fsdp_overlap * busy
     total = fsdp + dp
     exposed = max(0.0, total - hidden) + tail if total else 0.0
@@ -195,8 +199,14 @@ def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Grou
     return exposed, {"fsdp_comm": exposed * share, "dp_comm": exposed * (1 - share)}
 
 
+def _fsdp_span(spans: dict[str, GroupSpan]) -> GroupSpan:
+    """The flattened dp_shard x cp group FSDP shards over."""
+    a, b = spans["dp_shard"], spans["cp"]
+    return GroupSpan(a.size * b.size, min(a.size * b.size, a.ranks_per_node * b.ranks_per_node))
+
+
 def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
-    local = stage_params(lay, rank).total / lay.dp_shard
+    local = stage_params(lay, rank).total / lay.fsdp_shard
     return memory_bound_time(prof.device, local * (ADAMW_BYTES_PER_PARAM + 4.0))
 
 

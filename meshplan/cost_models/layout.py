@@ -35,10 +35,16 @@ class Layout:
     float8: bool
     reshard_after_forward: bool
     compile: bool
+    attention_kernel: str = "flash"  # flash (fused, default everywhere) | eager (materialised scores, Megatron 2021)
 
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def fsdp_shard(self) -> int:
+        """Ranks a parameter is sharded over: CP ranks hold the same weights, so FSDP shards across them too."""
+        return self.dp_shard * self.cp
 
     @property
     def n_micro(self) -> int:

@@ -68,7 +68,7 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) 
     """Peak bytes on pipeline rank `rank`; in_flight = (stage, micro-batch) activation sets held at peak."""
     sp = stage_params(lay, rank)
     p = sp.total
-    shard = lay.dp_shard
+    shard = lay.fsdp_shard
     mem = RankMemory(rank)
     mem.parts["params"] = STATE_BYTES["params"] * p / shard
     mem.parts["grads"] = STATE_BYTES["grads"] * p / shard
@@ -103,12 +103,16 @@ def loss_buffer_bytes(lay: Layout) -> float:
     """
     elems = lay.tokens_per_micro * lay.spec.vocab_size / lay.tp
     per = (lay.act_bytes + 12.0) if lay.act_bytes < 4 else 12.0
+    if lay.tp > 1:
+        # Loss parallel computes log-softmax from DTensor ops, materialising the max-shifted fp32
+        # logits and their exponentials besides the fused kernel's buffers.
+        per += 8.0
     return elems * per + lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
 
 
 def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
     """Unsharded parameters and gradients FSDP materialises (compute dtype; float8 gathers 1 byte)."""
-    if lay.dp_shard == 1:
+    if lay.fsdp_shard == 1:
         return 0.0
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
     grad_bytes = lay.act_bytes
@@ -116,8 +120,9 @@ def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
     root = (sp.embedding + sp.head) * lay.act_bytes
     if not lay.reshard_after_forward or lay.pp > 1:
         held = sp.layers * sp.block * gather_bytes
-        # Pipelining defers gradient reduction to the last micro-batch: unsharded grads accumulate.
-        grads = sp.layers * sp.block * grad_bytes if lay.pp > 1 else 2 * sp.block * grad_bytes
+        # Pipelining defers gradient reduction to the last micro-batch; FSDP2 then accumulates the
+        # unsharded gradients in its reduce dtype (fp32), next to the current block's compute-dtype grads.
+        grads = sp.layers * sp.block * 4.0 + sp.block * grad_bytes if lay.pp > 1 else 2 * sp.block * grad_bytes
         return held + grads + root
     # Current block plus the prefetched next one, for parameters and for gradients.
     return 2 * sp.block * gather_bytes + 2 * sp.block * grad_bytes + root

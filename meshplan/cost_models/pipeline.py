@@ -201,10 +201,12 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
         best = min(cands, key=lambda c: (c[0], c[1], c[2], c[3]))
         return best[0], best
 
+    # A rank's next choice changes only when it or a neighbouring stage's rank acts: cache the rest.
+    picks: list = [pick(r) for r in range(pp)]
     while remaining:
         choice = None
         for r in range(pp):
-            got = pick(r)
+            got = picks[r]
             if got is not None and (choice is None or got[0] < choice[0] - 1e-15):
                 choice = (got[0], r, got[1])
         if choice is None:
@@ -244,6 +246,13 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
         if kind != "W":
             last_kind[r] = kind
         remaining -= 1
+        touched = {r}
+        if s > 0:
+            touched.add(rank_of[s - 1])
+        if s < n_stages - 1:
+            touched.add(rank_of[s + 1])
+        for t in touched:
+            picks[t] = pick(t)
     result.makespan = max(bl.end for bl in result.blocks)
     return result
 

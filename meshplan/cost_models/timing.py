@@ -44,8 +44,11 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
         t = matmul_time(dev, T, mm.n, mm.k, mm_dtype) / eff
         fwd_by_kind[mm.kind] = fwd_by_kind.get(mm.kind, 0.0) + t
     mm_fwd = sum(fwd_by_kind.values())
-    att_flops = attention_flops_per_token(spec, lay.seq_len, causal=True) * T / lay.tp
-    att_fwd = att_flops / (attention_tflops(dev, lay.seq_len, lay.dtype) * 1e12) / eff
+    if lay.attention_kernel == "eager":
+        att_fwd = _eager_attention_forward(lay, prof)
+    else:
+        att_flops = attention_flops_per_token(spec, lay.seq_len, causal=True) * T / lay.tp
+        att_fwd = att_flops / (attention_tflops(dev, lay.seq_len, lay.dtype) * 1e12) / eff
     elem_fwd = memory_bound_time(dev, _elementwise_bytes(lay))
     if lay.compile:
         elem_fwd /= prof.overheads.compile_speedup
@@ -57,7 +60,8 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
             cast /= prof.overheads.compile_speedup
     bt = BlockTime()
     bt.forward = mm_fwd + att_fwd + elem_fwd + cast / 3
-    bt.backward_input = mm_fwd + ATTENTION_BWD_FACTOR * att_fwd + 2 * elem_fwd + cast / 3
+    att_bwd = ATTENTION_BWD_FACTOR * att_fwd / dev.attention.backward_ratio
+    bt.backward_input = mm_fwd + att_bwd + 2 * elem_fwd + cast / 3
     bt.backward_weight = mm_fwd + cast / 3
     bt.recompute = _recompute_time(lay, fwd_by_kind, att_fwd, elem_fwd)
     tp_fwd = _tp_comm_forward(lay, prof, spans)
@@ -67,6 +71,23 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
     cp_total = _cp_comm(lay, prof, spans) * (n_fwd_passes + 1)
     bt.cp_comm = cp_total * (1 - prof.overheads.cp_overlap)
     return bt
+
+
+# Eager attention passes over the (heads x s x s) scores, in elements read or written: forward
+# scale-mask-softmax (2) and dropout (2 + a 1-byte mask); backward about twice that.
+EAGER_SCORE_PASSES_FWD = 4.5
+
+
+def _eager_attention_forward(lay: Layout, prof: ClusterProfile) -> float:
+    """Unfused attention: two batched matmuls over the full (masked) score matrix, then memory-bound
+    softmax and dropout over it. Time for the forward; the caller scales it for backward."""
+    spec, dev = lay.spec, prof.device
+    heads = spec.n_heads // lay.tp
+    seqs = lay.micro_batch / lay.cp
+    s, hd = lay.seq_len, spec.head_dim
+    mm = 2 * heads * seqs * matmul_time(dev, s, s, hd, lay.dtype) / prof.overheads.kernel_efficiency
+    scores = heads * seqs * s * s
+    return mm + memory_bound_time(dev, scores * lay.act_bytes * EAGER_SCORE_PASSES_FWD)
 
 
 def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, elem_fwd: float) -> float:
@@ -100,7 +121,8 @@ def _elementwise_bytes(lay: Layout) -> float:
     spec = lay.spec
     sp_div = lay.tp if lay.sp else 1
     per_token = (2 * 20 + 2 * 3) * spec.dim / sp_div
-    per_token += (15 * (spec.dim + spec.kv_dim) + 8 * (spec.dim + 2 * spec.kv_dim) + 5 * spec.ffn_dim) / lay.tp
+    rope = 15 * (spec.dim + spec.kv_dim) if spec.arch == "llama" else 0
+    per_token += (rope + 8 * (spec.dim + 2 * spec.kv_dim) + 5 * spec.ffn_dim) / lay.tp
     return lay.tokens_per_micro * per_token * lay.act_bytes
 
 

@@ -31,10 +31,11 @@ class MatmulModel:
 
 @dataclass
 class AttentionModel:
-    """Fused causal attention (fwd+bwd) throughput: max_fraction * peak * s / (s + half_seq)."""
+    """Fused causal attention forward throughput: max_fraction * peak * s / (s + half_seq); backward x backward_ratio."""
 
     max_fraction: float
     half_seq: float = 1024.0
+    backward_ratio: float = 0.75  # backward kernels run at this fraction of the forward's throughput
     points: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -192,6 +193,7 @@ def _device(raw: Any, where: str) -> Device:
     attention = AttentionModel(
         max_fraction=_fraction(at.get("max_fraction"), f"{where}.attention.max_fraction"),
         half_seq=as_float(at.get("half_seq", 1024.0), f"{where}.attention.half_seq", 0.0),
+        backward_ratio=_fraction(at.get("backward_ratio", 0.75), f"{where}.attention.backward_ratio"),
         points=list(at.get("points", []) or []),
     )
     memory = as_float(raw["memory_gib"], f"{where}.memory_gib", 0.0, True)

@@ -7,7 +7,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from meshplan.runtime.mesh import ParallelDims
+from meshplan.runtime.mesh import Meshes, ParallelDims
 from meshplan.runtime.model import Transformer
 
 
@@ -34,7 +34,7 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh) -> None:
     replicate(model, mesh=mesh)
 
 
-def apply_data_parallel(model: Transformer, mesh: DeviceMesh, dims: ParallelDims,
+def apply_data_parallel(model: Transformer, mesh: Meshes, dims: ParallelDims,
                         reshard_after_forward: bool) -> str:
     kind = data_parallel_kind(dims)
     if kind == "fsdp":

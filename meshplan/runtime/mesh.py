@@ -39,12 +39,24 @@ class ParallelDims:
         return self.dp_shard * self.cp
 
 
-def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
-    """The 5-D mesh (size-1 dims included, so code can always slice by name) and flattened dims:
-    `dp_shard_cp` (FSDP group), `dp` (data loading), `dp_cp` (loss averaging)."""
+@dataclass
+class Meshes:
+    """The 5-D mesh (size-1 dims included, so code can always slice by name) and the flattened
+    1-D meshes, kept as returned by _flatten (slicing flattened dims from the root is deprecated):
+    `dp_shard_cp` (the FSDP group), `dp` (data loading)."""
+
+    root: DeviceMesh
+    flat: dict[str, DeviceMesh]
+
+    def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
+        if isinstance(names, str) and names in self.flat:
+            return self.flat[names]
+        return self.root[names]
+
+
+def build_mesh(dims: ParallelDims, device_type: str) -> Meshes:
     shape = tuple(getattr(dims, name) for name in MESH_DIMS)
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
-    mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
-    mesh["dp_replicate", "dp_shard"]._flatten("dp")
-    mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
-    return mesh
+    root = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+    flat = {"dp_shard_cp": root["dp_shard", "cp"]._flatten("dp_shard_cp"),
+            "dp": root["dp_replicate", "dp_shard"]._flatten("dp")}
+    return Meshes(root, flat)

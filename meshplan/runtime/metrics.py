@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import json
 import statistics
+import warnings
 import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,7 +49,9 @@ def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
         names, _ = t.__tensor_flatten__()
         out = []
         for name in names:
-            out += plain_tensors(getattr(t, name))
+            inner = getattr(t, name)
+            if isinstance(inner, torch.Tensor):
+                out += plain_tensors(inner)
         return out
     return [t]
 
@@ -83,9 +86,11 @@ class LiveTensorMemory(TorchDispatchMode):
 
     def __enter__(self) -> "LiveTensorMemory":
         gc.collect()
-        for obj in gc.get_objects():
-            if isinstance(obj, torch.Tensor):
-                self._add(obj)
+        with warnings.catch_warnings():  # isinstance on some lazily-imported objects warns
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                if isinstance(obj, torch.Tensor):
+                    self._add(obj)
         self.peak = self.current()
         return super().__enter__()
 

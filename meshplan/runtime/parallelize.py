@@ -8,13 +8,12 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from meshplan.runtime.activation_checkpoint import apply_ac
 from meshplan.runtime.context_parallel import apply_cp
 from meshplan.runtime.data_parallel import apply_data_parallel
 from meshplan.runtime.float8 import apply_float8
-from meshplan.runtime.mesh import ParallelDims
+from meshplan.runtime.mesh import Meshes, ParallelDims
 from meshplan.runtime.model import SeqLayout, Transformer, build_model, init_weights, keep_stage
 from meshplan.runtime.pipeline import split_layers, stage_ids
 from meshplan.runtime.tensor_parallel import apply_tp
@@ -42,7 +41,7 @@ class ModelParts:
         return self.n_stages - 1 in self.stage_ids
 
 
-def parallelize_model(plan: Plan, mesh: DeviceMesh, dims: ParallelDims, device: torch.device,
+def parallelize_model(plan: Plan, mesh: Meshes, dims: ParallelDims, device: torch.device,
                       seed: int, float8_emulate: bool) -> ModelParts:
     p, mem = plan.parallel, plan.memory
     spec = plan.model

@@ -1,0 +1,99 @@
+"""The published measurements meshplan is judged against, turned into plans.
+
+Each row becomes a complete Plan plus the figure it must reproduce. What a source does not state
+is assumed once here, and printed by `meshplan validate`:
+- Megatron-LM SC'21 (Narayanan et al. 2021, Table 1): GPT with 4h MLP, vocab 51200, seq 2048,
+  fp16 (as bf16), full activation recompute, DDP across data-parallel replicas, no sequence
+  parallelism, 1F1B, micro-batch 1 when pipelined (else the estimate's best micro-batch). Megatron's
+  fused kernels (bias-GeLU, bias-dropout-add, fused softmax/layernorm) are modelled as compile.
+- TorchTitan (Llama 3.1 on H100 96GB at 500 W): FSDP2 with reshard after forward (not with PP),
+  pipeline micro-batches = PP degree (TorchTitan's default then), Interleaved 1F1B with 2 stages
+  per rank, async TP only where listed.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from importlib import resources
+
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
+from meshplan.specs.registry import resolve_model
+
+
+@dataclass
+class PublishedRow:
+    table: str
+    label: str
+    plan: Plan | None
+    metric: str  # "tflops_per_gpu" | "tokens_per_s_per_gpu"
+    published: float
+    published_memory_gib: float | None = None
+    skipped: str | None = None
+    attention_kernel: str = "flash"
+
+
+def _read_csv(name: str) -> list[dict[str, str]]:
+    text = resources.files("meshplan.data.published").joinpath(name).read_text()
+    return list(csv.DictReader(text.splitlines()))
+
+
+def megatron_rows() -> list[PublishedRow]:
+    rows = []
+    for r in _read_csv("narayanan2021_megatron_weak_scaling.csv"):
+        h, layers, heads = int(r["Hidden size"]), int(r["Number of layers"]), int(r["Attention heads"])
+        tp, pp, gpus = int(r["Tensor model-parallel size"]), int(r["Pipeline model-parallel size"]), int(r["Number of GPUs"])
+        batch = int(r["Batch size"])
+        name = f"gpt-{r['Number of parameters (billion)']}b"
+        spec = ModelSpec(name=name, arch="gpt", dim=h, n_layers=layers, n_heads=heads, n_kv_heads=heads,
+                         ffn_dim=4 * h, vocab_size=51200, max_seq_len=2048)
+        dp = gpus // (tp * pp)
+        plan = Plan(
+            model=spec, cluster="a100-80g-dgx", gpus=gpus,
+            training=TrainingSpec(seq_len=2048, global_batch=batch, micro_batch=1 if pp > 1 else "auto", dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=dp, dp_shard=1, tp=tp, sequence_parallel=False, async_tp=False,
+                                  pp=pp, pp_schedule="1F1B", pp_virtual_stages=1, pp_layers=None, cp=1),
+            memory=MemorySpec(activation_checkpointing="full", sac_ops=None, float8=False, reshard_after_forward=True),
+            compile=True,
+        )
+        rows.append(PublishedRow("Megatron-LM SC'21 Table 1", f"{name} TP{tp} PP{pp} {gpus} GPUs batch {batch}",
+                                 plan, "tflops_per_gpu", float(r["Achieved teraFLOP/s per GPU"]),
+                                 attention_kernel="eager"))
+    return rows
+
+
+def _degrees(parallelism: str) -> dict[str, int]:
+    return {k.lower(): int(v) for k, v in re.findall(r"(FSDP|TP|PP|CP)\s+(\d+)", parallelism)}
+
+
+def torchtitan_rows() -> list[PublishedRow]:
+    rows = []
+    for r in _read_csv("torchtitan_llama31_h100_2024-12.csv"):
+        size = r["model"].split()[-1].lower()
+        spec = resolve_model(f"llama3-{size}")
+        deg = _degrees(r["parallelism"])
+        fsdp, tp, pp, cp = deg.get("fsdp", 1), deg.get("tp", 1), deg.get("pp", 1), deg.get("cp", 1)
+        gpus = int(r["GPUs"])
+        seq = int(re.match(r"\d+", r["sequence length"]).group())
+        local = int(r["local batch size"])
+        tech = r["techniques"]
+        interleaved = "Interleaved" in tech
+        n_micro = pp if pp > 1 else 1
+        plan = Plan(
+            model=spec, cluster="h100-96g-gt", gpus=gpus,
+            training=TrainingSpec(seq_len=seq, global_batch=local * fsdp, micro_batch=local // n_micro, dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=1, dp_shard=fsdp, tp=tp, sequence_parallel=tp > 1,
+                                  async_tp="AsyncTP" in tech, pp=pp,
+                                  pp_schedule="Interleaved1F1B" if interleaved else "1F1B",
+                                  pp_virtual_stages=2 if interleaved else 1, pp_layers=None, cp=cp),
+            memory=MemorySpec(activation_checkpointing=r["activation checkpointing"], sac_ops=None,
+                              float8="Float8" in tech, reshard_after_forward=pp == 1),
+            compile="compile" in tech,
+        )
+        label = f"{r['table']}: {r['model']} {gpus} GPUs {r['parallelism']} seq {seq} | {tech}"
+        tps = float(r["TPS/GPU"].replace(",", ""))
+        rows.append(PublishedRow(f"TorchTitan H100 ({r['table']})", label, plan, "tokens_per_s_per_gpu", tps,
+                                 float(r["Memory(GiB)"])))
+    return rows

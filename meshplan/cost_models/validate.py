@@ -1,0 +1,107 @@
+"""`meshplan validate`: predicted vs published for every calibration row the model can express."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from meshplan.argparsing import ArgumentParser
+from meshplan.cost_models.estimate import Estimate, estimate_plan
+from meshplan.cost_models.flops import megatron_flops_per_iteration
+from meshplan.cost_models.published import PublishedRow, megatron_rows, torchtitan_rows
+from meshplan.profiles.registry import load_profile
+from meshplan.specs.plan import Plan
+
+
+def _best_micro_batch(plan: Plan, attention_kernel: str) -> tuple[Plan, Estimate]:
+    """Where a source leaves the micro-batch unstated: the fastest that fits, by this model."""
+    prof = load_profile(plan.cluster)
+    local = plan.training.global_batch // plan.parallel.dp()
+    best = None
+    for mb in [d for d in range(1, local + 1) if local % d == 0]:
+        cand = plan.copy()
+        cand.training = replace(plan.training, micro_batch=mb)
+        est = estimate_plan(cand, prof, attention_kernel=attention_kernel)
+        key = (est.fits, -est.step_time_s)
+        if best is None or key > best[0]:
+            best = (key, cand, est)
+    return best[1], best[2]
+
+
+def predict(row: PublishedRow) -> tuple[float, Estimate, Plan]:
+    plan = row.plan
+    if plan.training.micro_batch == "auto":
+        plan, est = _best_micro_batch(plan, row.attention_kernel)
+    else:
+        est = estimate_plan(plan, load_profile(plan.cluster), attention_kernel=row.attention_kernel)
+    if row.metric == "tflops_per_gpu":
+        t = plan.training
+        value = megatron_flops_per_iteration(plan.model, t.seq_len, t.global_batch) / est.step_time_s / plan.gpus / 1e12
+    else:
+        value = est.tokens_per_s_per_gpu
+    return value, est, plan
+
+
+def validation_results() -> list[dict]:
+    out = []
+    for row in megatron_rows() + torchtitan_rows():
+        if row.skipped:
+            out.append({"table": row.table, "label": row.label, "skipped": row.skipped})
+            continue
+        value, est, _ = predict(row)
+        rec = {"table": row.table, "label": row.label, "metric": row.metric, "published": row.published,
+               "predicted": value, "error": value / row.published - 1}
+        if row.published_memory_gib is not None:
+            rec.update(published_memory_gib=row.published_memory_gib, predicted_memory_gib=est.peak_memory_gib,
+                       memory_error=est.peak_memory_gib / row.published_memory_gib - 1)
+        out.append(rec)
+    return out
+
+
+def _table_groups(results: list[dict]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for r in results:
+        key = "TorchTitan H100" if r["table"].startswith("TorchTitan") else r["table"]
+        groups.setdefault(key, []).append(r)
+    return groups
+
+
+def main(argv: list[str]) -> int:
+    ap = ArgumentParser(prog="meshplan validate", description="Predicted vs published measurements.")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    args = ap.parse_args(argv)
+    results = validation_results()
+    groups = _table_groups(results)
+    summary = {}
+    for name, rows in groups.items():
+        done = [r for r in rows if "error" in r]
+        mem = [r for r in done if "memory_error" in r]
+        summary[name] = {
+            "rows": len(done),
+            "mape": sum(abs(r["error"]) for r in done) / len(done) if done else None,
+            "memory_rows": len(mem),
+            "memory_mape": sum(abs(r["memory_error"]) for r in mem) / len(mem) if mem else None,
+            "memory_max_abs_error": max((abs(r["memory_error"]) for r in mem), default=None),
+            "skipped": [r for r in rows if "skipped" in r],
+        }
+    if args.json:
+        print(json.dumps({"rows": results, "summary": summary}, indent=2))
+        return 0
+    for name, rows in groups.items():
+        print(f"\n== {name}")
+        unit = "TFLOP/s/GPU" if rows[0].get("metric") == "tflops_per_gpu" else "tokens/s/GPU"
+        print(f"{'configuration':<92} {'published':>10} {'predicted':>10} {'error':>7}   {'mem GiB':>7} {'pred':>6} {'error':>7}")
+        for r in rows:
+            if "skipped" in r:
+                print(f"{r['label']:<92} left out: {r['skipped']}")
+                continue
+            line = f"{r['label'][:92]:<92} {r['published']:>10.1f} {r['predicted']:>10.1f} {r['error']:>+7.1%}"
+            if "memory_error" in r:
+                line += f"   {r['published_memory_gib']:>7.1f} {r['predicted_memory_gib']:>6.1f} {r['memory_error']:>+7.1%}"
+            print(line)
+        s = summary[name]
+        line = f"mean absolute error ({unit}): {s['mape']:.1%} over {s['rows']} rows"
+        if s["memory_rows"]:
+            line += f"; memory: mean {s['memory_mape']:.1%}, max {s['memory_max_abs_error']:.1%} over {s['memory_rows']} rows"
+        print(line)
+    return 0

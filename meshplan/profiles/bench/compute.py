@@ -1,0 +1,142 @@
+"""Device compute benchmarks: matmul throughput over a shape grid, causal attention fwd+bwd, copy bandwidth."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from meshplan.profiles.bench.env import BenchEnv
+from meshplan.profiles.bench.progress import Reporter
+from meshplan.profiles.bench.timing import Budget, time_local
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# bf16 is dropped on a CPU that runs it at under this fraction of its fp32 rate (no native bf16 GEMM)
+CPU_BF16_MIN_RATIO = 0.25
+
+
+@dataclass
+class ComputeSettings:
+    target_s: float  # timing per point
+    min_reps: int
+
+
+@dataclass
+class ComputeResults:
+    dtypes: list[str]
+    matmul_points: list[dict] = field(default_factory=list)
+    attention_points: list[dict] = field(default_factory=list)
+    attention_dtype: str = "fp32"
+    memory_bandwidth_gbs: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def _matmul_once(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, settings: ComputeSettings,
+                 sync) -> tuple[float, float]:
+    """(median TFLOP/s, spread) of an (m, k) @ (k, n) product."""
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    meas = time_local(lambda: torch.mm(a, b), sync, settings.target_s, settings.min_reps)
+    return 2.0 * m * n * k / meas.median_s / 1e12, meas.spread
+
+
+def choose_dtypes(env: BenchEnv, settings: ComputeSettings) -> tuple[list[str], list[str]]:
+    """Dtypes to measure and notes on those left out."""
+    if env.is_cuda:
+        # TF32 off so fp32 means fp32; fp8 needs scaled GEMMs and is not measured here
+        torch.backends.cuda.matmul.allow_tf32 = False
+        return ["bf16", "fp32"], ["fp8 / tf32 / fp16 matmul not measured"]
+    probe = ComputeSettings(target_s=0.02, min_reps=2)
+    fp32, _ = _matmul_once(256, 256, 256, torch.float32, env.device, probe, env.sync)
+    bf16, _ = _matmul_once(256, 256, 256, torch.bfloat16, env.device, probe, env.sync)
+    if env.agree(bf16 >= CPU_BF16_MIN_RATIO * fp32):
+        return ["fp32", "bf16"], []
+    return ["fp32"], [f"bf16 left out: {bf16 * 1e3:.1f} GFLOP/s vs fp32 {fp32 * 1e3:.1f} GFLOP/s at 256^3 (no native bf16 GEMM)"]
+
+
+def bench_matmul(env: BenchEnv, shapes: list[tuple[int, int, int]], dtypes: list[str], settings: ComputeSettings,
+                 budget: Budget, rep: Reporter, est_tflops: dict[str, float]) -> list[dict]:
+    """TFLOP/s per shape and dtype; each rank measures its own device at the same time as the others."""
+    points = []
+    for dt in dtypes:
+        for m, n, k in shapes:
+            cost = _matmul_cost(m, n, k, est_tflops[dt], settings)
+            if not env.agree(budget.allows(cost)):
+                rep.skip(f"matmul {dt} {m}x{n}x{k} and later shapes (time budget)")
+                break
+            tflops, spread = _matmul_once(m, n, k, TORCH_DTYPES[dt], env.device, settings, env.sync)
+            est_tflops[dt] = max(est_tflops[dt] * 0.5, tflops)  # keep the cost estimate near reality
+            points.append({"m": m, "n": n, "k": k, "dtype": dt, "tflops": tflops, "spread": spread})
+            rep.advance(cost)
+    return points
+
+
+def _matmul_cost(m: int, n: int, k: int, tflops: float, settings: ComputeSettings) -> float:
+    one = 2.0 * m * n * k / (tflops * 1e12)
+    return max(settings.target_s, settings.min_reps * one) + 2 * one  # + warm-up and allocation
+
+
+def attention_flops(batch: int, heads: int, seq: int, head_dim: int) -> float:
+    """Causal fwd+bwd FLOPs, FlashAttention's convention.
+
+    Forward: QK^T and PV are 2 * 2*b*h*s^2*d = 4*b*h*s^2*d, halved for causal -> 2*b*h*s^2*d.
+    Backward: 2.5x the forward (five s^2 GEMMs against two); fwd+bwd = 3.5x the forward.
+    """
+    return 3.5 * 2.0 * batch * heads * seq * seq * head_dim
+
+
+def bench_attention(env: BenchEnv, seq_lens: list[int], dtype: str, settings: ComputeSettings, budget: Budget,
+                    rep: Reporter, est_tflops: float) -> list[dict]:
+    """F.scaled_dot_product_attention(is_causal=True) forward + backward throughput per sequence length."""
+    batch, heads, head_dim = (1, 32, 128) if env.is_cuda else (1, 4, 64)
+    points = []
+    for s in seq_lens:
+        flops = attention_flops(batch, heads, s, head_dim)
+        cost = max(settings.target_s, settings.min_reps * flops / (est_tflops * 1e12)) + 2 * flops / (est_tflops * 1e12)
+        if not env.agree(budget.allows(cost)):
+            rep.skip(f"attention seq {s} and longer (time budget)")
+            break
+        q, k, v = (torch.randn(batch, heads, s, head_dim, dtype=TORCH_DTYPES[dtype], device=env.device,
+                               requires_grad=True) for _ in range(3))
+        grad = torch.randn(batch, heads, s, head_dim, dtype=TORCH_DTYPES[dtype], device=env.device)
+
+        def step() -> None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out.backward(grad)
+
+        meas = time_local(step, env.sync, settings.target_s, settings.min_reps)
+        tflops = flops / meas.median_s / 1e12
+        est_tflops = max(est_tflops * 0.5, tflops)
+        points.append({"seq_len": s, "batch": batch, "heads": heads, "head_dim": head_dim, "dtype": dtype,
+                       "tflops": tflops, "spread": meas.spread})
+        rep.advance(cost)
+    return points
+
+
+def bench_copy_bandwidth(env: BenchEnv, settings: ComputeSettings) -> tuple[float, float]:
+    """(GB/s, spread) of a device-to-device copy: read + write bytes per second, buffer >> last-level cache."""
+    nbytes = (1 << 30) if env.is_cuda else (256 << 20)
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=env.device).fill_(1.0)
+    dst = torch.empty_like(src)
+    meas = time_local(lambda: dst.copy_(src), env.sync, settings.target_s, settings.min_reps)
+    return 2.0 * nbytes / meas.median_s / 1e9, meas.spread
+
+
+def warm_up(env: BenchEnv) -> None:
+    """First kernels pay for library loading and clock ramp-up; keep that out of the numbers."""
+    a = torch.randn(512, 512, device=env.device)
+    t = time.perf_counter()
+    while time.perf_counter() - t < 0.2:
+        a @ a
+    env.sync()
+
+
+def bench_elementwise_efficiency(env: BenchEnv, settings: ComputeSettings, copy_gbs: float) -> float:
+    """Bandwidth of an eager elementwise op (c = a * b: two reads, one write) as a fraction of copy bandwidth."""
+    nbytes = (1 << 30) if env.is_cuda else (256 << 20)
+    a = torch.ones(nbytes // 4, dtype=torch.float32, device=env.device)
+    b, c = torch.ones_like(a), torch.empty_like(a)
+    meas = time_local(lambda: torch.mul(a, b, out=c), env.sync, settings.target_s, settings.min_reps)
+    return min(1.0, 3.0 * nbytes / meas.median_s / 1e9 / copy_gbs)

@@ -1,0 +1,56 @@
+"""Matmul shapes the cost model asks about: a transformer layer's projections at TP degrees and token counts."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Width:
+    """The widths of one model that set its GEMM shapes."""
+
+    dim: int
+    ffn_dim: int
+    n_heads: int
+    n_kv_heads: int
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * (self.dim // self.n_heads)
+
+
+# Llama 3.1 8B / 70B / 405B (Meta params.json) for GPUs; the small CPU models of the registry and two
+# widths between them for CPUs, where a 4096-wide layer takes seconds per GEMM.
+GPU_WIDTHS = (Width(4096, 14336, 32, 8), Width(8192, 28672, 64, 8), Width(16384, 53248, 128, 8))
+CPU_WIDTHS = (Width(256, 704, 8, 4), Width(512, 1408, 8, 4), Width(1024, 2816, 16, 8))
+GPU_TP, CPU_TP = (1, 2, 4, 8), (1, 2)
+GPU_TOKENS, CPU_TOKENS = (2048, 8192), (256, 1024)  # micro-batch x sequence length
+
+
+def layer_gemms(w: Width, tp: int, tokens: int) -> list[tuple[int, int, int]]:
+    """(M, N, K) of the forward projections of one layer with TP degree `tp` (column then row parallel)."""
+    return [
+        (tokens, (w.dim + 2 * w.kv_dim) // tp, w.dim),  # fused QKV
+        (tokens, w.dim, w.dim // tp),  # attention output
+        (tokens, w.ffn_dim // tp, w.dim),  # FFN up (and gate)
+        (tokens, w.dim, w.ffn_dim // tp),  # FFN down
+    ]
+
+
+def matmul_grid(cuda: bool, quick: bool) -> list[tuple[int, int, int]]:
+    """Distinct shapes in a fixed shuffled order, so a budget cut keeps small and large ones alike."""
+    widths, tps, tokens = (GPU_WIDTHS, GPU_TP, GPU_TOKENS) if cuda else (CPU_WIDTHS, CPU_TP, CPU_TOKENS)
+    shapes = {s for w in widths for tp in tps for t in tokens for s in layer_gemms(w, tp, t)}
+    big = (8192, 8192, 8192) if cuda else (1024, 1024, 1024)  # square anchor near the device's best rate
+    ordered = sorted(shapes - {big})
+    random.Random(0).shuffle(ordered)
+    if quick:
+        ordered = ordered[: len(ordered) // 3]
+    return [big] + ordered
+
+
+def attention_seq_lens(cuda: bool, quick: bool) -> list[int]:
+    if cuda:
+        return [512, 1024, 2048, 4096, 8192] if quick else [512, 1024, 2048, 4096, 8192, 16384]
+    return [128, 256, 512, 1024] if quick else [128, 256, 512, 1024, 2048]

@@ -1,0 +1,157 @@
+"""One rank of `profile-cluster` under torchrun: run every benchmark, rank 0 fits and writes the profile."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from meshplan.profiles.bench import collectives as coll
+from meshplan.profiles.bench import compute
+from meshplan.profiles.bench.env import BenchEnv, init_env, shutdown
+from meshplan.profiles.bench.memory import MemoryResult, measure_memory
+from meshplan.profiles.bench.progress import Reporter
+from meshplan.profiles.bench.shapes import attention_seq_lens, matmul_grid
+from meshplan.profiles.bench.timing import Budget
+
+COMPUTE_SHARE = 0.35  # of the time budget, the rest goes to collectives
+
+
+@dataclass
+class WorkerOptions:
+    out: str
+    name: str
+    quick: bool
+    deadline: float | None
+    max_nodes: int | None
+    node_link: str | None
+    network_link: str
+    description: str
+    command: str
+
+
+@dataclass
+class RawResults:
+    """Everything measured, reduced over ranks (medians of per-rank medians for per-device numbers)."""
+
+    device_name: str
+    dtypes: list[str]
+    matmul_points: list[dict]
+    attention_points: list[dict]
+    attention_dtype: str
+    copy_gbs: float
+    elementwise_efficiency: float
+    memory: MemoryResult
+    collective_points: list[dict]
+    notes: list[str]
+    skipped: list[str]
+    elapsed_s: float
+
+
+def _median_over_ranks(points: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """Gather every rank's points and keep, per key, the median throughput (a slow device shows in spread)."""
+    gathered: list[list[dict]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(gathered, points)
+    merged: dict[tuple, list[dict]] = {}
+    for rank_points in gathered:
+        for p in rank_points:
+            merged.setdefault(tuple(p[k] for k in keys), []).append(p)
+    out = []
+    for group in merged.values():
+        p = dict(group[0])
+        p["tflops"] = statistics.median(q["tflops"] for q in group)
+        p["spread"] = max(q["spread"] for q in group)
+        out.append(p)
+    return out
+
+
+def _scalar_median(value: float) -> float:
+    values = [0.0] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return statistics.median(values)
+
+
+def _compute_section(env: BenchEnv, opts: WorkerOptions, budget: Budget, rep: Reporter) -> tuple:
+    settings = compute.ComputeSettings(target_s=0.05, min_reps=3) if opts.quick else compute.ComputeSettings(0.3, 5)
+    compute.warm_up(env)
+    dtypes, notes = compute.choose_dtypes(env, settings)
+    shapes = matmul_grid(env.is_cuda, opts.quick)
+    seqs = attention_seq_lens(env.is_cuda, opts.quick)
+    est = {dt: (400.0 if dt == "bf16" else 40.0) if env.is_cuda else (0.05 if dt == "fp32" else 0.01) for dt in dtypes}
+    total = sum(compute._matmul_cost(m, n, k, est[dt], settings) for dt in dtypes for m, n, k in shapes)
+    rep.start("matmul + attention", total + len(seqs) * settings.target_s * 3)
+    matmul = compute.bench_matmul(env, shapes, dtypes, settings, budget, rep, est)
+    att_dtype = "bf16" if "bf16" in dtypes and env.is_cuda else "fp32"
+    attention = compute.bench_attention(env, seqs, att_dtype, settings, budget, rep, est[att_dtype] * 0.5)
+    copy_gbs, _ = compute.bench_copy_bandwidth(env, settings)
+    eff = compute.bench_elementwise_efficiency(env, settings, copy_gbs)
+    rep.stop()
+    return (dtypes, notes, _median_over_ranks(matmul, ("m", "n", "k", "dtype")),
+            _median_over_ranks(attention, ("seq_len", "dtype")), att_dtype, _scalar_median(copy_gbs),
+            _scalar_median(eff))
+
+
+def _collective_section(env: BenchEnv, opts: WorkerOptions, sets: list[coll.GroupSet], budget: Budget,
+                        rep: Reporter) -> list[dict]:
+    settings = (coll.CollectiveSettings(coll.QUICK_SIZES, target_s=0.25, min_reps=9) if opts.quick
+                else coll.CollectiveSettings(coll.FULL_SIZES, target_s=1.0, min_reps=15))
+    rep.start("collectives", coll.estimate_total_s(sets, settings))
+    dtype = torch.bfloat16 if env.is_cuda else torch.float32
+    points = coll.bench_collectives(env, sets, settings, budget, rep, dtype)
+    rep.stop()
+    return points
+
+
+def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResults:
+    start = time.time()
+    budget = Budget(opts.deadline)
+    node_link = opts.node_link or ("nvlink" if env.is_cuda else "loopback")
+    sets = coll.plan_groups(env, node_link, opts.network_link)
+    env.max_over_ranks([0.0])  # first collective on the world: NCCL communicators exist before memory is sized
+    memory = measure_memory(env)
+    memory = MemoryResult(memory.memory_gib, _scalar_min(memory.usable_gib), _scalar_median(memory.context_gib),
+                          memory.source)
+    dtypes, notes, mm, att, att_dtype, copy_gbs, eff = _compute_section(env, opts, budget.section(COMPUTE_SHARE), rep)
+    points = _collective_section(env, opts, sets, budget, rep)
+    name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
+    return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
+                      time.time() - start)
+
+
+def _scalar_min(value: float) -> float:
+    values = [0.0] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return min(values)
+
+
+def _cpu_name() -> str:
+    import platform
+    from pathlib import Path
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} (CPU process)"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()} (CPU process)"
+
+
+def worker_main(opts: WorkerOptions) -> int:
+    """Entry point on every rank; returns the exit code."""
+    from meshplan.profiles.bench.builder import build_and_write
+
+    env = init_env()
+    rep = Reporter(enabled=env.is_main)
+    try:
+        raw = run_benchmarks(env, opts, rep)
+        if env.is_main:
+            build_and_write(env, opts, raw, rep)
+        dist.barrier()
+    finally:
+        rep.stop()
+        shutdown()
+    return 0

@@ -1,0 +1,171 @@
+"""`meshplan profile-cluster`: micro-benchmarks that turn this cluster into a ClusterProfile YAML.
+
+Alone it starts torchrun for `--nproc K` processes on this node; under torchrun (RANK / WORLD_SIZE set,
+one or many nodes) each process is a worker:
+    torchrun --nnodes 4 --nproc-per-node 8 ... -m meshplan profile-cluster --out profiles/mine.yaml
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from meshplan.argparsing import ArgumentParser
+from meshplan.errors import InputError
+from meshplan.profiles.versions import check_profile_versions  # re-exported: the planner's entry point
+
+__all__ = ["main", "check_profile_versions"]
+
+MIN_BUDGET_S = 15.0  # torchrun start-up alone takes several seconds
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="meshplan profile-cluster", description=__doc__.splitlines()[0])
+    p.add_argument("--nproc", help="processes (devices) on this node; default: GPUs, or CPU cores")
+    p.add_argument("--quick", action="store_true", help="fewer shapes and sizes up to 32 MiB (about a minute on CPU)")
+    p.add_argument("--time-budget", metavar="SECONDS", help="never run longer; what does not fit is skipped and listed")
+    p.add_argument("--out", help="profile YAML to write (default: profiles/<name>.yaml)")
+    p.add_argument("--name", help="profile name (default: <host>-<cpu|gpu>)")
+    p.add_argument("--description", default="", help="free text stored in the profile")
+    p.add_argument("--max-nodes", help="nodes the planner may use (default: nodes measured); more than measured "
+                                       "copies the node link to the network level on a single-node run")
+    p.add_argument("--node-link", help="name of the in-node link level (default: nvlink on GPUs, loopback on CPU)")
+    p.add_argument("--network-link", default="network", help="name of the cross-node link level")
+    return p
+
+
+def _positive_int(value: str | None, field: str, minimum: int = 1) -> int | None:
+    if value is None:
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise InputError(field, f"must be an integer >= {minimum}, got {value!r}")
+    if n < minimum:
+        raise InputError(field, f"must be an integer >= {minimum}, got {n}")
+    return n
+
+
+def _budget(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        s = float(value)
+    except ValueError:
+        raise InputError("--time-budget", f"must be a number of seconds, got {value!r}")
+    if not s >= MIN_BUDGET_S or s == float("inf"):
+        raise InputError("--time-budget", f"must be at least {MIN_BUDGET_S:g} seconds, got {value}")
+    return s
+
+
+def _level_name(value: str, field: str) -> str:
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", value):
+        raise InputError(field, f"must be a name like nvlink or network, got {value!r}")
+    return value
+
+
+def check_writable(out: str) -> None:
+    """Fail before benchmarking when the profile cannot be written there."""
+    path = Path(out)
+    if path.is_dir():
+        raise InputError("--out", f"{out} is a directory; give a file path like {out.rstrip('/')}/mine.yaml")
+    if path.suffix not in (".yaml", ".yml"):
+        raise InputError("--out", f"must end in .yaml or .yml, got {out!r}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".probe"):
+            pass
+    except OSError as exc:
+        raise InputError("--out", f"cannot write to {path.parent}: {exc.strerror or exc.__class__.__name__}")
+
+
+def _default_name(cuda: bool) -> str:
+    host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().split(".")[0].lower()).strip("-") or "host"
+    return f"{host}-{'gpu' if cuda else 'cpu'}"
+
+
+def _device_limit(cuda: bool) -> int:
+    import torch
+
+    return torch.cuda.device_count() if cuda else (os.cpu_count() or 1)
+
+
+def main(argv: list[str]) -> int:
+    from meshplan.profiles.bench.launch import DEADLINE_ENV, in_torchrun, launch
+
+    args = build_parser().parse_args(argv)
+    budget = _budget(args.time_budget)
+    max_nodes = _positive_int(args.max_nodes, "--max-nodes")
+    node_link = _level_name(args.node_link, "--node-link") if args.node_link else None
+    network_link = _level_name(args.network_link, "--network-link")
+    if node_link and node_link == network_link:
+        raise InputError("--node-link", f"must differ from --network-link ({network_link})")
+    import torch
+
+    cuda = torch.cuda.is_available()
+    name = args.name if args.name is not None else _default_name(cuda)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise InputError("--name", f"must be letters, digits, '.', '_' or '-', got {name!r}")
+    out = args.out or f"profiles/{name}.yaml"
+    if in_torchrun():
+        if args.nproc is not None:
+            raise InputError("--nproc", "is for starting torchrun; under torchrun the world comes from torchrun")
+        return _worker(args, name, out, budget, max_nodes, node_link, network_link, argv)
+    limit = _device_limit(cuda)
+    nproc = _positive_int(args.nproc, "--nproc", 2) if args.nproc is not None else limit
+    what = "GPUs" if cuda else "CPU cores (one process per core)"
+    if nproc < 2:
+        raise InputError("--nproc", f"collectives need at least 2 processes; this node has {limit} {what}")
+    if nproc > limit:
+        raise InputError("--nproc", f"at most {limit} on this node ({what}), got {nproc}")
+    check_writable(out)
+    deadline = None if budget is None else time.time() + budget
+    worker_argv = _strip_nproc(argv) + ["--out", out, "--name", name]
+    code = launch(nproc, worker_argv, deadline, max(1, (os.cpu_count() or 1) // nproc))
+    if code != 0:
+        print(f"meshplan profile-cluster: benchmark workers failed (exit {code})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _strip_nproc(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--nproc":
+            skip = True
+            continue
+        if a.startswith("--nproc="):
+            continue
+        out.append(a)
+    return out
+
+
+def _worker(args, name: str, out: str, budget: float | None, max_nodes: int | None, node_link: str | None,
+            network_link: str, argv: list[str]) -> int:
+    from meshplan.profiles.bench.launch import DEADLINE_ENV, ERROR_FILE_ENV
+    from meshplan.profiles.bench.worker import WorkerOptions, worker_main
+
+    deadline = float(os.environ[DEADLINE_ENV]) if DEADLINE_ENV in os.environ else (
+        None if budget is None else time.time() + budget)
+    if int(os.environ["RANK"]) == 0:
+        check_writable(out)
+    if int(os.environ["WORLD_SIZE"]) < 2:
+        raise InputError("WORLD_SIZE", "collectives need at least 2 processes")
+    opts = WorkerOptions(out=out, name=name, quick=args.quick, deadline=deadline, max_nodes=max_nodes,
+                         node_link=node_link, network_link=network_link, description=args.description,
+                         command="meshplan profile-cluster " + shlex.join(argv))
+    try:
+        return worker_main(opts)
+    except InputError as exc:
+        if ERROR_FILE_ENV in os.environ and int(os.environ["RANK"]) == 0:
+            Path(os.environ[ERROR_FILE_ENV]).write_text(f"{exc.field}\t{exc.message}")
+        raise

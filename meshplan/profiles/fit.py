@@ -1,0 +1,200 @@
+"""Fits that turn raw benchmark points into the profile's parametric models (numpy only, no torch).
+
+- collectives: time = latency + bytes_factor * bytes / busbw, fitted in relative error so a 1 ms and a
+  1 s point count alike; sizes >= 1 MiB get more weight until they fit within `target` (10 %).
+- matmul: tflops = max_fraction[dtype] * peak[dtype] * prod_d d / (d + half_dim) over d in (m, n, k).
+- attention: fraction of peak = max_fraction * s / (s + half_seq).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+MIB = 1 << 20
+LARGE_BYTES = MIB  # the fit must reproduce messages from this size on within `target`
+
+
+@dataclass
+class LinearFit:
+    """time = latency_s + effective_bytes * seconds_per_byte (effective = bytes_factor * bytes)."""
+
+    latency_s: float
+    seconds_per_byte: float
+
+    @property
+    def busbw_gbs(self) -> float:
+        return 1e-9 / self.seconds_per_byte
+
+    def predict(self, effective_bytes: np.ndarray | float) -> np.ndarray:
+        return self.latency_s + np.asarray(effective_bytes, dtype=float) * self.seconds_per_byte
+
+
+@dataclass
+class FitError:
+    """Relative error of a fit over the points with bytes >= LARGE_BYTES."""
+
+    n_points: int
+    max_rel: float
+    mean_rel: float
+    group_size: int = 0
+
+
+def _weighted_relative_lsq(x: np.ndarray, t: np.ndarray, w: np.ndarray) -> LinearFit:
+    """Minimise sum w * ((a + b x - t) / t)^2 with a >= 0, b > 0 (2x2 normal equations)."""
+    A = np.stack([1.0 / t, x / t], axis=1) * np.sqrt(w)[:, None]
+    y = np.sqrt(w)  # (a + b x) / t should be 1
+    (a, b), *_ = np.linalg.lstsq(A, y, rcond=None)
+    if a < 0:  # negative latency is unphysical: refit the slope through the origin
+        a = 0.0
+        col = A[:, 1]
+        b = float(col @ y / (col @ col))
+    if b <= 0:  # flat or falling data: fall back to the slope of the largest point
+        i = int(np.argmax(x))
+        b = max((t[i] - a) / x[i], 1e-15)
+    return LinearFit(latency_s=float(a), seconds_per_byte=float(b))
+
+
+def _max_rel(fit: LinearFit, x: np.ndarray, t: np.ndarray) -> float:
+    return float(np.max(np.abs(fit.predict(x) / t - 1.0))) if len(t) else 0.0
+
+
+def _minimax_relative(x: np.ndarray, t: np.ndarray) -> LinearFit:
+    """Smallest worst-case relative error: convex in (a, b), so nested ternary search (a >= 0)."""
+
+    def best_b(a: float) -> tuple[float, float]:
+        lo, hi = 1e-18, float(np.max(t / x)) * 2
+        for _ in range(100):
+            m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+            if _max_rel(LinearFit(a, m1), x, t) < _max_rel(LinearFit(a, m2), x, t):
+                hi = m2
+            else:
+                lo = m1
+        b = (lo + hi) / 2
+        return b, _max_rel(LinearFit(a, b), x, t)
+
+    lo, hi = 0.0, float(np.min(t))
+    for _ in range(60):
+        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if best_b(m1)[1] < best_b(m2)[1]:
+            hi = m2
+        else:
+            lo = m1
+    a = (lo + hi) / 2
+    return LinearFit(latency_s=a, seconds_per_byte=best_b(a)[0])
+
+
+def fit_latency_bandwidth(
+    nbytes: Sequence[float], effective_bytes: Sequence[float], times_s: Sequence[float], target: float = 0.10
+) -> LinearFit:
+    """Fit latency + bandwidth in relative error; raise the weight of >= 1 MiB points until they fit.
+
+    If no weighting gets the large points within `target`, the minimax fit over them is returned:
+    the best possible worst case for a latency + bandwidth line.
+    """
+    size = np.asarray(nbytes, dtype=float)
+    x = np.asarray(effective_bytes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if len(t) < 2 or len(set(x.tolist())) < 2:
+        raise ValueError("need at least two message sizes to fit latency and bandwidth")
+    large = size >= LARGE_BYTES
+    w = np.ones_like(t)
+    fit = _weighted_relative_lsq(x, t, w)
+    if large.sum() < 2:
+        return fit
+    for _ in range(8):
+        if _max_rel(fit, x[large], t[large]) <= target:
+            return fit
+        w[large] *= 4.0
+        fit = _weighted_relative_lsq(x, t, w)
+    minimax = _minimax_relative(x[large], t[large])
+    return minimax if _max_rel(minimax, x[large], t[large]) < _max_rel(fit, x[large], t[large]) else fit
+
+
+def fit_error(fit: LinearFit, nbytes: Sequence[float], effective_bytes: Sequence[float], times_s: Sequence[float]) -> FitError:
+    size = np.asarray(nbytes, dtype=float)
+    large = size >= LARGE_BYTES
+    x = np.asarray(effective_bytes, dtype=float)[large]
+    t = np.asarray(times_s, dtype=float)[large]
+    if not len(t):
+        return FitError(0, math.nan, math.nan)
+    rel = np.abs(fit.predict(x) / t - 1.0)
+    return FitError(int(len(t)), float(rel.max()), float(rel.mean()))
+
+
+@dataclass
+class MatmulFit:
+    max_fraction: dict[str, float]
+    half_dim: float
+    rms_log_error: float
+
+
+def _dim_factor(dims: np.ndarray, half_dim: float) -> np.ndarray:
+    return np.prod(dims / (dims + half_dim), axis=1)
+
+
+def fit_matmul(points: Sequence[dict], peak_tflops: dict[str, float]) -> MatmulFit:
+    """Fit one half_dim shared by all dtypes and a max_fraction per dtype, in log space (relative error)."""
+    dtypes = sorted({p["dtype"] for p in points})
+    if not dtypes:
+        raise ValueError("no matmul points to fit")
+    by_dtype = {}
+    for dt in dtypes:
+        ps = [p for p in points if p["dtype"] == dt]
+        dims = np.array([[p["m"], p["n"], p["k"]] for p in ps], dtype=float)
+        logt = np.log(np.array([p["tflops"] for p in ps], dtype=float) / peak_tflops[dt])
+        by_dtype[dt] = (dims, logt)
+
+    def solve(h: float) -> tuple[float, dict[str, float]]:
+        sse, fracs = 0.0, {}
+        for dt, (dims, logt) in by_dtype.items():
+            resid = logt - np.log(_dim_factor(dims, h))
+            logf = min(float(resid.mean()), 0.0)  # max_fraction <= 1 by the schema
+            fracs[dt] = math.exp(logf)
+            sse += float(((resid - logf) ** 2).sum())
+        return sse, fracs
+
+    grid = np.concatenate([[0.0], np.geomspace(0.5, 1e5, 400)])
+    errs = [solve(h)[0] for h in grid]
+    i = int(np.argmin(errs))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    for _ in range(60):  # refine between the grid neighbours (the error is unimodal there in practice)
+        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if solve(m1)[0] < solve(m2)[0]:
+            hi = m2
+        else:
+            lo = m1
+    h = (lo + hi) / 2
+    sse, fracs = solve(h)
+    n = sum(len(v[1]) for v in by_dtype.values())
+    return MatmulFit(max_fraction=fracs, half_dim=float(h), rms_log_error=math.sqrt(sse / n))
+
+
+def predict_matmul_tflops(fit: MatmulFit, peak: float, dtype: str, m: int, n: int, k: int) -> float:
+    dims = np.array([[m, n, k]], dtype=float)
+    return float(fit.max_fraction[dtype] * peak * _dim_factor(dims, fit.half_dim)[0])
+
+
+@dataclass
+class AttentionFit:
+    max_fraction: float
+    half_seq: float
+
+
+def fit_attention(seq_lens: Sequence[float], fractions: Sequence[float]) -> AttentionFit:
+    """fraction = f * s / (s + h)  <=>  1/fraction = 1/f + (h/f) / s: linear, fitted in relative error."""
+    s = np.asarray(seq_lens, dtype=float)
+    y = 1.0 / np.asarray(fractions, dtype=float)
+    if len(s) < 2:
+        if len(s) == 1:
+            return AttentionFit(max_fraction=min(float(1 / y[0]), 1.0), half_seq=0.0)
+        raise ValueError("no attention points to fit")
+    A = np.stack([np.ones_like(s), 1.0 / s], axis=1) / y[:, None]
+    (a, b), *_ = np.linalg.lstsq(A, np.ones_like(s), rcond=None)
+    if b < 0:  # throughput falling with length (cache effects): flat curve at the mean
+        a, b = float(np.mean(y)), 0.0
+    a = max(a, 1.0)  # max_fraction <= 1
+    return AttentionFit(max_fraction=float(1.0 / a), half_seq=float(b / a))

@@ -1,0 +1,144 @@
+"""Tables (pandas) of the configurations: plan fields side by side, predictions, memory per rank, runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+import pandas as pd
+
+from meshplan.reports.inputs import RUN_METRICS, Config
+
+PLAN_SECTIONS = ("training", "parallel", "memory")
+SUMMARY_METRICS = {
+    "step_time_s": "step time (s)",
+    "tokens_per_s_per_gpu": "tokens/s per GPU",
+    "mfu": "MFU",
+    "hfu": "HFU",
+    "peak_memory_gib": "peak memory (GiB)",
+    "usable_memory_gib": "usable memory (GiB)",
+    "fits": "fits",
+}
+
+
+def scalar(value: Any) -> Any:
+    """A CSV/table cell: lists and mappings become JSON text, everything else stays as is."""
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(list(value) if isinstance(value, tuple) else value)
+    return value
+
+
+def flatten_plan(config: Config) -> dict[str, Any]:
+    """Plan fields named as in the planner's candidates CSV (`section.field`)."""
+    plan = config.plan
+    out: dict[str, Any] = {"model": plan.model.name, "cluster": plan.cluster, "gpus": plan.gpus}
+    for section in PLAN_SECTIONS:
+        for key, value in asdict(getattr(plan, section)).items():
+            out[f"{section}.{key}"] = scalar(value)
+    out["compile"] = plan.compile
+    return out
+
+
+def flatten_estimate(config: Config) -> dict[str, Any]:
+    """Every predicted number: summary metrics, time_s.*, memory_gib.*, pipeline.*, per-rank memory."""
+    est = config.estimate
+    if est is None:
+        return {}
+    out: dict[str, Any] = {k: getattr(est, k) for k in SUMMARY_METRICS}
+    out["model_flops_per_token"] = est.model_flops_per_token
+    out.update({f"time_s.{k}": v for k, v in est.time_s.items()})
+    out.update({f"memory_gib.{k}": v for k, v in est.memory_gib.items()})
+    out.update({f"pipeline.{k}": scalar(v) for k, v in est.pipeline.items()})
+    for rank in est.per_rank_memory_gib:
+        r = int(rank["pp_rank"])
+        out.update({f"rank{r}.memory_gib.{k}": v for k, v in rank.items() if k != "pp_rank"})
+    out.update({f"placement.{k}": v for k, v in est.placement.items()})
+    return out
+
+
+def flatten_run(config: Config) -> dict[str, Any]:
+    run = config.run
+    if run is None:
+        return {}
+    out: dict[str, Any] = {}
+    for key in RUN_METRICS:
+        out[f"measured.{key}"] = run.measured.get(key)
+        out[f"predicted.{key}"] = run.predicted.get(key)
+    out.update({f"ratio.{k}": v for k, v in run.ratios().items()})
+    return out
+
+
+def flatten_config(config: Config) -> dict[str, Any]:
+    """One configuration as one flat row: identity, plan, prediction and (for runs) measurements."""
+    row: dict[str, Any] = {"name": config.name, "kind": config.kind, "source": str(config.source)}
+    row.update(flatten_plan(config))
+    row.update(flatten_estimate(config))
+    row.update(flatten_run(config))
+    return row
+
+
+def plan_table(configs: list[Config]) -> pd.DataFrame:
+    """Plan fields (rows) by configuration (columns)."""
+    return pd.DataFrame({c.name: flatten_plan(c) for c in configs})
+
+
+def differing_rows(table: pd.DataFrame) -> list[str]:
+    """Rows whose values are not all equal across the columns."""
+    return [idx for idx, row in table.iterrows() if len({str(v) for v in row.values}) > 1]
+
+
+def metrics_table(configs: list[Config]) -> pd.DataFrame:
+    """Predicted summary metrics (rows) by configuration (columns)."""
+    cols = {}
+    for c in configs:
+        est = c.estimate
+        col = {label: (getattr(est, key) if est else None) for key, label in SUMMARY_METRICS.items()}
+        col["pipeline bubble fraction"] = est.pipeline.get("bubble_fraction") if est else None
+        cols[c.name] = col
+    return pd.DataFrame(cols)
+
+
+def time_table(configs: list[Config]) -> pd.DataFrame:
+    """Step-time breakdown (rows: time_s keys plus the total) by configuration."""
+    cols = {}
+    for c in configs:
+        if c.estimate is not None:
+            cols[c.name] = {**c.estimate.time_s, "step time": c.estimate.step_time_s}
+    return pd.DataFrame(cols)
+
+
+def rank_memory_table(config: Config) -> pd.DataFrame:
+    """Memory parts (columns, GiB) per pipeline rank (rows), with the total."""
+    ranks = config.estimate.per_rank_memory_gib if config.estimate else []
+    frame = pd.DataFrame([{k: v for k, v in r.items() if k != "pp_rank"} for r in ranks],
+                         index=[f"pp rank {int(r['pp_rank'])}" for r in ranks])
+    if "total" in frame.columns:
+        frame = frame[[c for c in frame.columns if c != "total"] + ["total"]]
+    return frame
+
+
+def run_table(config: Config) -> pd.DataFrame:
+    """Measured, predicted and measured/predicted for a run."""
+    run = config.run
+    ratios = run.ratios()
+    return pd.DataFrame({
+        "measured": {k: run.measured.get(k) for k in RUN_METRICS},
+        "predicted": {k: run.predicted.get(k) for k in RUN_METRICS},
+        "measured / predicted": ratios,
+    })
+
+
+def format_cell(value: Any) -> str:
+    """Short human text for a table cell."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1e5 or abs(value) < 1e-3:
+            return f"{value:.3e}"
+        return f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,54 @@
+"""The single-process reference: the same model, weights, data, optimizer and LR schedule as a run
+of the plan, as a plain PyTorch loop (no mesh, no wrappers). Tests compare every layout's losses
+with it; benchmarks/runtime_overhead.py times it against the runtime."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from meshplan.runtime.data import BatchSpec, make_source
+from meshplan.runtime.float8 import apply_float8
+from meshplan.runtime.model import build_model, init_weights
+from meshplan.runtime.options import RunOptions
+from meshplan.runtime.train import build_optimizers, loss_fn
+from meshplan.specs.plan import Plan
+
+
+@dataclass
+class ReferenceStep:
+    step: int
+    loss: float
+    step_time_s: float
+
+
+def reference_run(plan: Plan, opts: RunOptions, float8: bool | None = None) -> list[ReferenceStep]:
+    """Train the plan's model in this process: global batch in micro_batch chunks (gradient
+    accumulation), clip, AdamW. `float8` overrides the plan's memory.float8."""
+    spec, t = plan.model, plan.training
+    model = build_model(spec, "cpu")
+    if plan.memory.float8 if float8 is None else float8:
+        apply_float8(model, emulate=True)
+    init_weights(model, spec, opts.seed)
+    (opt,), (sched,) = build_optimizers([model], opts)
+    source = make_source(opts.data, BatchSpec(t.global_batch, t.seq_len, spec.vocab_size), opts.seed, opts.data_dtype)
+    n_micro = t.global_batch // t.micro_batch
+    out = []
+    for step in range(opts.steps):
+        t0 = time.perf_counter()
+        rows = source.rows(step, 0, t.global_batch)
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        total = 0.0
+        for i in range(n_micro):
+            sl = slice(i * t.micro_batch, (i + 1) * t.micro_batch)
+            loss = loss_fn(model(inputs[sl]), targets[sl])
+            (loss / n_micro).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), opts.max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        out.append(ReferenceStep(step + 1, total / n_micro, time.perf_counter() - t0))
+    return out

@@ -1,0 +1,224 @@
+"""The training loop of one rank: mesh -> model parts -> AdamW + warm-up/cosine LR -> steps
+(gradient accumulation or a pipeline schedule) -> clipped update -> metrics and checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from meshplan.runtime import checkpoint
+from meshplan.runtime.context_parallel import shard_sequence
+from meshplan.runtime.data import BatchSpec, local_rows, make_source
+from meshplan.runtime.mesh import Meshes, ParallelDims, build_mesh
+from meshplan.runtime.metrics import (GIB, LiveTensorMemory, MetricsLog, StepMetrics, flops_per_token,
+                                      load_profile_or_none, peak_flops_per_device)
+from meshplan.runtime.options import RunOptions, check_runnable
+from meshplan.runtime.parallelize import ModelParts, parallelize_model
+from meshplan.runtime.pipeline import build_schedule
+from meshplan.specs.plan import Plan
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy of one micro-batch (fp32 logits)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    """Linear warm-up to 1 over `warmup` steps, then cosine decay to `min_ratio` at `total`."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_optimizers(parts: list[nn.Module], opts: RunOptions) -> tuple[list, list]:
+    """One AdamW + LambdaLR per model part (DCP's optimizer state dict is per module)."""
+    optimizers = [torch.optim.AdamW(p.parameters(), lr=opts.lr, betas=(0.9, 0.95), eps=1e-8,
+                                    weight_decay=opts.weight_decay) for p in parts]
+    factor = lr_lambda(opts.lr_warmup_steps(), opts.steps, opts.min_lr_ratio)
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in optimizers]
+    return optimizers, schedulers
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None) -> float:
+    """Clip by the global L2 norm over every parameter of the model, wherever it lives.
+
+    DTensor gradients (TP/FSDP shards) give their full-tensor norm per mesh; pipeline ranks hold
+    disjoint parameters, so squared norms are summed over the pp group.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    by_mesh: dict[Any, list[torch.Tensor]] = {}
+    for g in grads:
+        by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    sq = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(group, 2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        sq = sq + norm.float() ** 2
+    if pp_group is not None:
+        dist.all_reduce(sq, group=pp_group)
+    total = sq.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0).item()
+    if coef < 1.0:
+        for g in grads:
+            g.mul_(coef)
+    return float(total)
+
+
+@dataclass
+class Trainer:
+    plan: Plan
+    opts: RunOptions
+    device: torch.device
+
+    def __post_init__(self) -> None:
+        check_runnable(self.plan)
+        self.dims = ParallelDims.from_plan(self.plan)
+        if dist.get_world_size() != self.dims.world_size:
+            from meshplan.errors import InputError
+
+            raise InputError("gpus", f"the plan needs {self.dims.world_size} processes, this world has {dist.get_world_size()}")
+        self.mesh = build_mesh(self.dims, self.device.type)
+        self.model: ModelParts = parallelize_model(self.plan, self.mesh, self.dims, self.device, self.opts.seed,
+                                                   float8_emulate=self.device.type == "cpu")
+        self.optimizers, self.schedulers = build_optimizers(self.model.parts, self.opts)
+        t = self.plan.training
+        self.local_batch = t.global_batch // self.dims.dp
+        self.n_micro = self.local_batch // t.micro_batch
+        self.schedule = None
+        if self.dims.pp > 1:
+            self.schedule = build_schedule(self.model.parts, self.model.stage_ids, self.model.n_stages, self.mesh["pp"],
+                                           self.device, self.plan.parallel.pp_schedule, self.n_micro, loss_fn)
+        self.source = make_source(self.opts.data, BatchSpec(t.global_batch, t.seq_len, self.plan.model.vocab_size),
+                                  self.opts.seed, self.opts.data_dtype)
+        self.dp_rank = self.mesh["dp"].get_local_rank()
+        self.tp_rank = self.mesh["tp"].get_local_rank()
+        self.params = [p for m in self.model.parts for p in m.parameters()]
+
+    def _loss_ctx(self):
+        return loss_parallel() if self.model.loss_parallel else contextlib.nullcontext()
+
+    def _forward_backward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | None:
+        """Sum over micro-batches of their mean loss (None on ranks without the last stage)."""
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            kwargs: dict[str, Any] = {}
+            if self.model.has_last:
+                kwargs = {"target": targets, "losses": losses}
+            args = (inputs,) if self.model.has_first else ()
+            with self._loss_ctx():
+                self.schedule.step(*args, **kwargs)
+            if not self.model.has_last:
+                return None
+            return sum(_local(l) for l in losses)
+        model, mb = self.model.parts[0], self.plan.training.micro_batch
+        total = torch.zeros(())
+        for i in range(self.n_micro):
+            sl = slice(i * mb, (i + 1) * mb)
+            with self._loss_ctx():
+                loss = loss_fn(model(inputs[sl]), targets[sl])
+                (loss / self.n_micro).backward()
+            total += _local(loss.detach())
+        return total
+
+    def step(self, step: int) -> tuple[float, float]:
+        """One optimizer step on global batch `step`; returns (mean loss, grad norm)."""
+        inputs, targets = local_rows(self.source, step, self.dp_rank, self.dims.dp)
+        inputs = shard_sequence(inputs, self.model.seq_layout).to(self.device)
+        targets = shard_sequence(targets, self.model.seq_layout).to(self.device)
+        loss_sum = self._forward_backward(inputs, targets)
+        pp_group = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
+        grad_norm = clip_grad_norm(self.params, self.opts.max_grad_norm, pp_group)
+        for opt in self.optimizers:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        for sched in self.schedulers:
+            sched.step()
+        # Mean over micro-batches and over the ranks that own a loss (last stage, tp rank 0):
+        # equal token counts everywhere, so this is the mean over the global batch.
+        owner = loss_sum is not None and self.tp_rank == 0
+        buf = torch.tensor([float(loss_sum.detach()) if owner else 0.0, 1.0 if owner else 0.0], dtype=torch.float64,
+                           device=self.device)
+        dist.all_reduce(buf)
+        return float(buf[0] / buf[1]) / self.n_micro, grad_norm
+
+    def current_lr(self) -> float:
+        return self.schedulers[0].get_last_lr()[0]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[StepMetrics]:
+    """Train `opts.steps` steps in the current process group; rank 0 logs. Returns rank 0's rows."""
+    trainer = Trainer(plan, opts, device)
+    rank0 = dist.get_rank() == 0
+    out = Path(opts.out) if opts.out else None
+    start = 0
+    if opts.resume:
+        found = checkpoint.latest(out) if out else None
+        if found is not None:
+            start, _ = checkpoint.load(found, trainer.model.parts, trainer.optimizers, trainer.schedulers)
+            if rank0 and not opts.quiet:
+                print(f"resumed from {found} at step {start}", flush=True)
+    log = MetricsLog(opts.out if rank0 else None, quiet=opts.quiet or not rank0, append=opts.resume and start > 0)
+    t = plan.training
+    tokens = t.global_batch * t.seq_len
+    fpt, _ = flops_per_token(plan)
+    peak_flops = peak_flops_per_device(load_profile_or_none(plan.cluster), str(t.dtype))
+    peak_seen: float | None = None
+    for step in range(start, opts.steps):
+        tracked = opts.track_memory == "all" or (opts.track_memory == "warmup" and step - start < max(1, opts.timing_warmup))
+        tracker = LiveTensorMemory(device) if tracked and device.type == "cpu" else None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        dist.barrier()
+        t0 = time.perf_counter()
+        with tracker if tracker is not None else contextlib.nullcontext():
+            loss, grad_norm = trainer.step(step)
+        dt = time.perf_counter() - t0
+        peak = _peak_memory(device, tracker)
+        if peak is not None:
+            peak_seen = max(peak_seen or 0.0, peak)
+        tps = tokens / dt / dist.get_world_size()
+        row = StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=trainer.current_lr(), step_time_s=dt,
+                          tokens_per_s_per_gpu=tps, mfu=(tps * fpt / peak_flops) if fpt and peak_flops else None,
+                          peak_memory_gib=peak if peak is not None else peak_seen,
+                          memory_tracked=peak is not None)
+        if rank0:
+            log.log(row)
+        if out and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0 and step + 1 < opts.steps:
+            checkpoint.save(out, trainer.model.parts, trainer.optimizers, trainer.schedulers, step + 1, step + 1)
+    if out and start < opts.steps:
+        checkpoint.save(out, trainer.model.parts, trainer.optimizers, trainer.schedulers, opts.steps, opts.steps)
+    return log.rows
+
+
+def _peak_memory(device: torch.device, tracker: LiveTensorMemory | None) -> float | None:
+    """This step's peak in GiB, max over ranks (None when not tracked)."""
+    if device.type == "cuda":
+        value = float(torch.cuda.max_memory_allocated(device))
+    elif tracker is not None:
+        value = float(tracker.peak)
+    else:
+        return None
+    buf = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+    return float(buf[0]) / GIB

@@ -1,0 +1,96 @@
+"""The torchrun worker: join the process group (NCCL on CUDA, gloo on CPU), train, and on rank 0
+write DIR/summary.json (measured vs predicted)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from meshplan.errors import InputError
+from meshplan.runtime.metrics import measured_summary, predicted, ratios
+from meshplan.runtime.options import RunOptions
+from meshplan.runtime.train import run_training
+from meshplan.specs.plan import Plan
+from meshplan.yamlio import atomic_write_json
+
+
+def pick_device() -> tuple[torch.device, str]:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def run_worker(plan: Plan, opts: RunOptions) -> int:
+    device, backend = pick_device()
+    dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    rank0 = dist.get_rank() == 0
+    notes = []
+    if device.type == "cpu" and plan.training.dtype == "bf16":
+        notes.append("plan dtype bf16 runs as fp32 on CPU (gloo)")
+    if device.type == "cpu" and plan.memory.float8:
+        notes.append("float8 is emulated on CPU (torchao emulate=True): float8 numerics, not float8 speed")
+    if rank0 and not opts.quiet:
+        for note in notes:
+            print(f"meshplan run: {note}", flush=True)
+        print(f"meshplan run: {plan.model.name} on {dist.get_world_size()} x {device.type} ({backend}), "
+              f"{opts.steps} steps", flush=True)
+    try:
+        rows = run_training(plan, opts, device)
+    except InputError as exc:
+        if rank0:
+            print(f"meshplan run: error: {exc}", file=sys.stderr)
+        dist.destroy_process_group()
+        return 2
+    if rank0 and opts.out and rows:
+        write_summary(plan, opts, rows, device, backend, notes)
+    dist.destroy_process_group()
+    return 0
+
+
+def write_summary(plan: Plan, opts: RunOptions, rows, device: torch.device, backend: str, notes: list[str]) -> None:
+    import meshplan
+
+    measured = measured_summary(rows, opts.timing_warmup)
+    pred, why = predicted(plan)
+    summary = {
+        "measured": measured,
+        "predicted": pred,
+        "predicted_unavailable": why,
+        "ratio_measured_over_predicted": ratios(measured, pred),
+        "plan": plan.to_dict(),
+        "run": {"steps": opts.steps, "seed": opts.seed, "data": opts.data, "world_size": dist.get_world_size(),
+                "device": device.type, "backend": backend, "timing_warmup": opts.timing_warmup,
+                "memory_measure": "cuda max_memory_allocated" if device.type == "cuda"
+                else "live tensor storage bytes, max over ranks (runtime/metrics.py)", "notes": notes},
+        "versions": {"meshplan": meshplan.__version__, "torch": torch.__version__, "python": platform.python_version(),
+                     "torchao": _version("torchao")},
+    }
+    atomic_write_json(os.path.join(opts.out, "summary.json"), summary)
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return None
+
+
+def main() -> int:
+    from meshplan.runtime.command import main as command_main
+
+    try:
+        return command_main(sys.argv[1:])
+    except InputError as exc:
+        print(f"meshplan run: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
