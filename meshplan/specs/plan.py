@@ -213,6 +213,11 @@ def _known(*values: Any) -> bool:
 def check_consistency(plan: Plan) -> None:
     """Cross-field rules; fields still 'auto' are checked once filled."""
     m, t, p, mem = plan.model, plan.training, plan.parallel, plan.memory
+    if _known(p.tp):
+        if m.n_heads % p.tp or m.n_kv_heads % p.tp:
+            raise InputError("parallel.tp", f"must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads}), got {p.tp}")
+        if m.ffn_dim % p.tp:
+            raise InputError("parallel.tp", f"must divide ffn_dim ({m.ffn_dim}), got {p.tp}")
     degrees = [p.dp_replicate, p.dp_shard, p.cp, p.tp, p.pp]
     if _known(*degrees):
         prod = 1
@@ -220,11 +225,6 @@ def check_consistency(plan: Plan) -> None:
             prod *= d
         if prod != plan.gpus:
             raise InputError("parallel", f"dp_replicate*dp_shard*cp*tp*pp = {prod} must equal gpus = {plan.gpus}")
-    if _known(p.tp):
-        if m.n_heads % p.tp or m.n_kv_heads % p.tp:
-            raise InputError("parallel.tp", f"must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads}), got {p.tp}")
-        if m.ffn_dim % p.tp:
-            raise InputError("parallel.tp", f"must divide ffn_dim ({m.ffn_dim}), got {p.tp}")
     if _known(t.seq_len) and t.seq_len > m.max_seq_len and m.arch == "gpt":
         raise InputError("training.seq_len", f"must be <= the model's learned positions ({m.max_seq_len}), got {t.seq_len}")
     if _known(t.seq_len, p.cp) and p.cp > 1 and t.seq_len % (2 * p.cp):

@@ -1,0 +1,68 @@
+"""`meshplan estimate --plan P [--json]`: score one plan; `auto` fields get the best choice."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from meshplan.argparsing import ArgumentParser
+from meshplan.cost_models.estimate import Estimate, estimate_plan
+from meshplan.errors import InputError
+from meshplan.profiles.registry import load_profile
+from meshplan.specs.plan import Plan, check_consistency, load_plan
+
+
+def fill_auto(plan: Plan, profile) -> tuple[Plan, Estimate]:
+    """The best complete plan that keeps every field the user gave (the planner's search)."""
+    from meshplan.planner.search import search
+
+    result = search(plan, profile)
+    if not result.candidates:
+        raise InputError("plan", "no completion of its auto fields fits in memory or divides evenly; "
+                                 "run `meshplan plan` for what would")
+    best = result.candidates[0]
+    return best.plan, best.estimate
+
+
+def _print_breakdown(plan: Plan, est: Estimate) -> None:
+    p, t, m = plan.parallel, plan.training, plan.memory
+    print(f"model {plan.model.name} ({plan.model.num_params() / 1e9:.2f}B params) on {plan.gpus} x {plan.cluster}")
+    print(f"layout: dp_replicate {p.dp_replicate} x dp_shard {p.dp_shard} x cp {p.cp} x tp {p.tp}"
+          f"{' (SP)' if p.sequence_parallel and p.tp > 1 else ''} x pp {p.pp}"
+          f"{f' {p.pp_schedule} v={p.pp_virtual_stages}' if p.pp > 1 else ''}")
+    print(f"batch: seq {t.seq_len}, global {t.global_batch}, micro {t.micro_batch}, "
+          f"{est.pipeline['microbatches']} micro-batches per step; AC {m.activation_checkpointing}, "
+          f"float8 {m.float8}, compile {plan.compile}")
+    print(f"\nstep time      {est.step_time_s:10.4f} s")
+    print(f"tokens/s/GPU   {est.tokens_per_s_per_gpu:10.1f}")
+    print(f"MFU / HFU      {est.mfu:10.1%} / {est.hfu:.1%}")
+    fit = "fits" if est.fits else "DOES NOT FIT"
+    print(f"peak memory    {est.peak_memory_gib:10.2f} GiB of {est.usable_memory_gib:.1f} usable ({fit})")
+    print("\ntime per step (s):")
+    for k, v in est.time_s.items():
+        print(f"  {k:<16} {v:10.4f}  {v / est.step_time_s:6.1%}")
+    print("memory on the peak rank (GiB):")
+    for k, v in est.memory_gib.items():
+        print(f"  {k:<16} {v:10.3f}")
+    if est.placement:
+        print("placement: " + ", ".join(f"{k} -> {v}" for k, v in est.placement.items()))
+
+
+def main(argv: list[str]) -> int:
+    ap = ArgumentParser(prog="meshplan estimate", description="Estimate step time, throughput, MFU and memory of a plan.")
+    ap.add_argument("--plan", required=True, help="plan file (YAML)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object (the estimate contract)")
+    args = ap.parse_args(argv)
+    plan = load_plan(args.plan)
+    profile = load_profile(plan.cluster)
+    if plan.is_complete():
+        check_consistency(plan)
+        est = estimate_plan(plan, profile)
+    else:
+        plan, est = fill_auto(plan, profile)
+    if args.json:
+        json.dump(est.to_json(plan), sys.stdout, indent=2)
+        print()
+    else:
+        _print_breakdown(plan, est)
+    return 0

@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from meshplan.errors import InputError
+from meshplan.specs.model_file import from_hf_config
+from meshplan.specs.registry import BUILTIN_MODELS, resolve_model
+
+# Published parameter counts (Meta model cards / HF safetensors totals; Llama 2 paper).
+PUBLISHED = {
+    "llama3-8b": 8_030_261_248,
+    "llama3-70b": 70_553_706_496,
+    "llama3-405b": 405_853_388_800,
+    "llama2-7b": 6_738_415_616,
+    "llama2-13b": 13_015_864_320,
+    "llama2-70b": 68_976_648_192,
+}
+
+
+@pytest.mark.parametrize("name,count", PUBLISHED.items())
+def test_parameter_counts_match_published(name, count):
+    assert resolve_model(name).num_params() == count
+
+
+@pytest.mark.parametrize("alias", ["llama70b", "llama3-70b", "llama3.1-70b", "LLAMA70B"])
+def test_aliases_name_the_same_model(alias):
+    assert resolve_model(alias) is BUILTIN_MODELS["llama3-70b"]
+
+
+def test_inline_spec_defaults_kv_heads_to_heads():
+    m = resolve_model({"name": "g", "arch": "gpt", "dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 256,
+                       "vocab_size": 100, "max_seq_len": 32})
+    assert m.n_kv_heads == 4
+    # GPT block: qkv + out with biases, 2-matrix MLP with biases, two LayerNorms with bias.
+    d, f = 64, 256
+    assert m.layer_params() == 4 * d * d + 4 * d + 2 * d * f + f + d + 4 * d
+
+
+def test_hf_config_import_matches_registry(tmp_path):
+    cfg = {"model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
+           "num_key_value_heads": 8, "intermediate_size": 28672, "vocab_size": 128256,
+           "tie_word_embeddings": False, "rope_theta": 500000.0, "rms_norm_eps": 1e-5}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert resolve_model(str(path)).num_params() == PUBLISHED["llama3-70b"]
+    assert from_hf_config(cfg, "x").num_params() == PUBLISHED["llama3-70b"]
+
+
+@pytest.mark.parametrize("bad,field", [
+    ({"name": "m", "dim": 60, "n_layers": 2, "n_heads": 7, "ffn_dim": 8, "vocab_size": 10}, "model.dim"),
+    ({"name": "m", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 3, "ffn_dim": 8, "vocab_size": 10}, "model.n_kv_heads"),
+    ({"name": "m", "dim": 64, "n_layers": 0, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10}, "model.n_layers"),
+    ({"name": "m", "arch": "rnn", "dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10}, "model.arch"),
+    ({"dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10}, "model.name"),
+    ({"name": "m", "dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10, "colour": 1}, "model.colour"),
+])
+def test_bad_model_specs_name_the_field(bad, field):
+    with pytest.raises(InputError) as e:
+        resolve_model(bad)
+    assert e.value.field == field
+
+
+def test_unknown_model_lists_valid_names():
+    with pytest.raises(InputError, match="llama3-70b"):
+        resolve_model("llama9000b")
