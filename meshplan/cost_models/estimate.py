@@ -12,7 +12,7 @@ from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
 from meshplan.cost_models.layout import Layout, layout_of
 from meshplan.cost_models.memory import GIB, RankMemory, rank_memory, stage_params
-from meshplan.cost_models.pipeline import simulate, stage_rank
+from meshplan.cost_models.pipeline import ScheduleResult, simulate, stage_rank
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
@@ -81,6 +81,50 @@ def placement_of(spans: dict[str, GroupSpan], prof: ClusterProfile) -> dict[str,
     return {dim: (prof.node_level() if s.nodes <= 1 else prof.cluster_level()) for dim, s in spans.items() if s.size > 1}
 
 
+@dataclass
+class StageDurations:
+    """Seconds per stage for one micro-batch (forward, backward-input, backward-weight) and the p2p send."""
+
+    forward: list[float]
+    backward: list[float]
+    weight: list[float]
+    p2p: float
+
+
+def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], bt=None, head=None,
+                    emb: float | None = None) -> StageDurations:
+    """What the pipeline simulation is fed: per-stage F / B / W durations and the stage-to-stage send."""
+    bt = bt if bt is not None else block_time(lay, prof, spans)
+    head = head if head is not None else head_time(lay, prof)
+    emb = emb if emb is not None else embedding_time(lay, prof)
+    passes = 2 if lay.ac == "full" else 1  # forward passes whose TP/CP comm repeats
+    tp_pass = bt.tp_comm / (passes + 1)
+    cp_pass = bt.cp_comm / (passes + 1)
+    n_stages = lay.n_stages
+    f, b, w = [], [], []
+    for s in range(n_stages):
+        layers = lay.stage_layers[s]
+        f.append(layers * (bt.forward + tp_pass + cp_pass) + (emb if s == 0 else 0.0)
+                 + (head.forward if s == n_stages - 1 else 0.0))
+        b.append(layers * (bt.backward_input + bt.recompute + passes * (tp_pass + cp_pass))
+                 + (head.backward if s == n_stages - 1 else 0.0))
+        w.append(layers * bt.backward_weight)
+    p2p = 0.0
+    if lay.pp > 1:
+        payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1)
+        p2p = p2p_time(prof, payload, crosses_node=spans["pp"].nodes > 1)
+    return StageDurations(f, b, w, p2p)
+
+
+def pipeline_schedule(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> ScheduleResult | None:
+    """The simulated schedule (every F / B / W block) behind estimate_plan's step time; None without PP."""
+    lay = layout_of(plan)
+    if lay.pp == 1:
+        return None
+    d = stage_durations(lay, profile, group_spans(lay, profile, order))
+    return simulate(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p)
+
+
 def estimate_plan(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER,
                   attention_kernel: str = "flash") -> Estimate:
     lay = layout_of(plan)
@@ -94,25 +138,11 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     bt = block_time(lay, prof, spans)
     head = head_time(lay, prof)
     emb = embedding_time(lay, prof)
-    passes = 2 if lay.ac == "full" else 1  # forward passes whose TP/CP comm repeats
-    tp_pass = bt.tp_comm / (passes + 1)
-    cp_pass = bt.cp_comm / (passes + 1)
-    n_stages = lay.n_stages
-    f, b, w = [], [], []
-    for s in range(n_stages):
-        layers = lay.stage_layers[s]
-        f.append(layers * (bt.forward + tp_pass + cp_pass) + (emb if s == 0 else 0.0)
-                 + (head.forward if s == n_stages - 1 else 0.0))
-        b.append(layers * (bt.backward_input + bt.recompute + passes * (tp_pass + cp_pass))
-                 + (head.backward if s == n_stages - 1 else 0.0))
-        w.append(layers * bt.backward_weight)
+    d = stage_durations(lay, prof, spans, bt, head, emb)
+    f, b, w, p2p = d.forward, d.backward, d.weight, d.p2p
     if lay.pp > 1:
-        pp_span = spans["pp"]
-        payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1)
-        p2p = p2p_time(prof, payload, crosses_node=pp_span.nodes > 1)
         makespan, busy, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f), tuple(b), tuple(w), p2p)
     else:
-        p2p = 0.0
         makespan = lay.n_micro * (f[0] + b[0] + w[0])
         busy, in_flight = (makespan,), (1.0,)
     crit = max(range(lay.pp), key=lambda r: busy[r])

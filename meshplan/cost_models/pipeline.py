@@ -9,7 +9,7 @@ drive the step time in the estimate, the runtime's expectations and the Gantt ch
 
 from __future__ import annotations
 
-import heapq
+from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -133,7 +133,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     next_f = [0] * pp
     next_b = [0] * pp
     pending_f = [{(s, mb) for s in range(n_stages) if rank_of[s] == r for mb in range(n_micro)} for r in range(pp)]
-    pending_w: list[list[tuple[int, int]]] = [[] for _ in range(pp)]
+    pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(pp)]
     remaining = n_stages * n_micro * (3 if split else 2)
     limits = [in_flight_limit(schedule, pp, v, r, n_micro) for r in range(pp)]
 
@@ -155,6 +155,15 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             return None
         return max(t + (p2p if rank_of[s + 1] != rank_of[s] else 0.0), f_done[(s, mb)])
 
+    local_stages = [[s for s in range(n_stages) if rank_of[s] == r] for r in range(pp)]
+    next_f_mb = [0] * n_stages  # greedy (V-shaped) schedules run each stage's micro-batches in order
+    next_b_mb = [0] * n_stages
+
+    def v_window_ok(r: int, s: int) -> bool:
+        """ZB-V warm-up: a rank's first chunk runs at most 2(pp - r) - 1 micro-batches ahead of its second."""
+        first, second = local_stages[r]
+        return s != first or next_f_mb[first] < next_f_mb[second] + 2 * (pp - r) - 1
+
     def candidates(r: int) -> list[tuple[float, int, int, int, str]]:
         out = []
         if n_held[r] < limits[r] and pending_f[r]:
@@ -164,10 +173,12 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
                 if t is not None:
                     out.append((t, 1, -s, mb, "F"))
             else:
-                for s, mb in pending_f[r]:
-                    t = f_ready(s, mb)
-                    if t is not None:
-                        out.append((t, 1, -s, mb, "F"))
+                for s in local_stages[r]:
+                    mb = next_f_mb[s]
+                    if mb < n_micro and v_window_ok(r, s):
+                        t = f_ready(s, mb)
+                        if t is not None:
+                            out.append((t, 1, -s, mb, "F"))
         if b_orders[r] is not None:
             if next_b[r] < len(b_orders[r]):
                 s, mb = b_orders[r][next_b[r]]
@@ -175,13 +186,17 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
                 if t is not None:
                     out.append((t, 0, mb, -s, "B"))
         else:
-            for (s, mb) in list(f_done):
-                if rank_of[s] == r and (s, mb) not in b_done:
+            for s in local_stages[r]:
+                mb = next_b_mb[s]
+                if mb < n_micro:
                     t = b_ready(s, mb)
                     if t is not None:
                         out.append((t, 0, mb, -s, "B"))
-        for s, mb in pending_w[r]:
-            out.append((b_done[(s, mb)], 2, mb, s, "W"))
+        if pending_w[r]:
+            # Weight gradients run oldest first; past `pp` waiting they outrank forwards, which
+            # bounds the activations they pin.
+            s, mb = pending_w[r][0]
+            out.append((b_done[(s, mb)], 2 if len(pending_w[r]) <= pp else -1, mb, s, "W"))
         return out
 
     def pick(r: int) -> tuple[float, tuple] | None:
@@ -196,7 +211,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
                 # Steady 1F1B: when a forward and a backward are both ready, take the other kind
                 # than last time; weight-gradient work only fills what would otherwise be idle.
                 rank_kind = {"F": 0, "B": 1, "W": 2} if last_kind[r] == "B" else {"B": 0, "F": 1, "W": 2}
-            best = min(ready_now, key=lambda c: (rank_kind[c[4]], c[2], c[3]))
+            best = min(ready_now, key=lambda c: (-1 if c[1] < 0 else rank_kind[c[4]], c[2], c[3]))
             return free[r], best
         best = min(cands, key=lambda c: (c[0], c[1], c[2], c[3]))
         return best[0], best
@@ -218,6 +233,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             if orders[r] is not None:
                 next_f[r] += 1
             pending_f[r].discard((s, mb))
+            next_f_mb[s] += 1
             end = start + f[s]
             f_done[(s, mb)] = end
             held[r] += 1.0
@@ -226,6 +242,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             s, mb = -cand[3], cand[2]
             if b_orders[r] is not None:
                 next_b[r] += 1
+            next_b_mb[s] += 1
             end = start + b_eff[s]
             b_done[(s, mb)] = end
             n_held[r] -= 1
@@ -236,7 +253,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
                 held[r] -= 1.0
         else:
             s, mb = cand[3], cand[2]
-            pending_w[r].remove((s, mb))
+            pending_w[r].popleft()
             end = start + w[s]
             held[r] -= w_memory_share
         result.peak_in_flight[r] = max(result.peak_in_flight[r], held[r])
