@@ -1,7 +1,7 @@
 """The pipeline schedule as a Gantt chart: pipeline ranks by time, one bar per F / B / W block.
 
 Bars are exactly the blocks of the schedule model's ScheduleResult (the events the estimate used),
-coloured by kind and labelled by micro-batch where the label fits. Long schedules get a second
+coloured by kind (lighter for later virtual stages) and labelled by micro-batch where the label fits. Long schedules get a second
 panel zoomed on the warm-up, where the micro-batch labels are readable.
 """
 
@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.colors import to_rgb  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from meshplan.cost_models.pipeline import Block, ScheduleResult  # noqa: E402
@@ -24,24 +25,41 @@ MIN_LABEL_FRACTION = 1 / 60  # a block gets its micro-batch label when at least 
 ZOOM_BLOCKS_PER_RANK = 24
 
 
-def block_gid(block: Block) -> str:
-    return f"{block.kind}:{block.stage}:{block.microbatch}"
+def lighten(colour: str, chunk: int) -> tuple[float, float, float]:
+    """The kind's colour, lighter for each later virtual stage (chunk) of a rank."""
+    r, g, b = to_rgb(colour)
+    mix = min(0.55, 0.35 * chunk)
+    return (r + (1 - r) * mix, g + (1 - g) * mix, b + (1 - b) * mix)
 
 
-def draw_blocks(ax: Axes, blocks: list[Block], x_range: float) -> None:
-    """One bar per block (y = rank); micro-batch number written on bars wide enough to hold it."""
+def draw_blocks(ax: Axes, blocks: list[Block], pp: int, x_range: float) -> None:
+    """One bar per block (y = rank), one collection per (rank, kind); micro-batch numbers on wide bars."""
     for kind, colour in KIND_COLOURS.items():
-        mine = [b for b in blocks if b.kind == kind]
-        if not mine:
-            continue
-        bars = ax.barh([b.rank for b in mine], [b.end - b.start for b in mine], left=[b.start for b in mine],
-                       height=0.8, color=colour, edgecolor="white", linewidth=0.3, label=KIND_NAMES[kind])
-        for bar, b in zip(bars.patches, mine):
-            bar.set_gid(block_gid(b))
+        for rank in range(pp):
+            mine = [b for b in blocks if b.kind == kind and b.rank == rank]
+            if not mine:
+                continue
+            coll = ax.broken_barh([(b.start, b.end - b.start) for b in mine], (rank - 0.4, 0.8),
+                                  facecolors=[lighten(colour, b.stage // pp) for b in mine],
+                                  edgecolor="white", linewidth=0.3)
+            coll.set_gid(f"{kind}:{rank}")
+        if any(b.kind == kind for b in blocks):
+            ax.bar([0], [0], width=0, color=colour, label=KIND_NAMES[kind])  # legend entry only
     for b in blocks:
         if b.end - b.start >= MIN_LABEL_FRACTION * x_range:
             ax.text((b.start + b.end) / 2, b.rank, str(b.microbatch), ha="center", va="center",
                     fontsize=6, color="white", clip_on=True)
+
+
+def drawn_blocks(ax: Axes) -> list[tuple[int, str, float, float]]:
+    """(rank, kind, start, end) of every bar drawn on a Gantt axes, read back from its collections."""
+    out = []
+    for coll in ax.collections:
+        kind, rank = coll.get_gid().split(":")
+        for path in coll.get_paths():
+            xs = path.vertices[:, 0]
+            out.append((int(rank), kind, float(xs.min()), float(xs.max())))
+    return out
 
 
 def zoom_end(result: ScheduleResult) -> float | None:
@@ -60,14 +78,15 @@ def gantt_figure(result: ScheduleResult, title: str) -> Figure:
     fig, axes = plt.subplots(panels, 1, figsize=(11, panels * height + 0.8), squeeze=False)
     full = axes[0][0]
     full.set_gid(FULL_GID)
-    draw_blocks(full, result.blocks, result.makespan)
+    draw_blocks(full, result.blocks, result.pp, result.makespan)
     full.set_xlim(0, result.makespan)
     full.set_title(f"{title}: {result.schedule}, pp={result.pp}, v={result.virtual_stages}, "
-                   f"{result.n_microbatches} micro-batches, bubble {100 * result.bubble_fraction:.1f}%", fontsize=9)
+                   f"{result.n_microbatches} micro-batches, bubble {100 * result.bubble_fraction:.1f}%"
+                   + (" (lighter: later virtual stage)" if result.virtual_stages > 1 else ""), fontsize=9)
     if end is not None:
         zoom = axes[1][0]
         zoom.set_gid(ZOOM_GID)
-        draw_blocks(zoom, [b for b in result.blocks if b.start < end], end)
+        draw_blocks(zoom, [b for b in result.blocks if b.start < end], result.pp, end)
         zoom.set_xlim(0, end)
         zoom.set_title(f"warm-up, first {end:.4g} s (labels: micro-batch)", fontsize=9)
     for row in axes:

@@ -56,7 +56,7 @@ def time_breakdown_figure(configs: list[Config]) -> Figure:
     ax.set_xlabel("seconds per optimizer step (critical pipeline rank)")
     ax.set_title("Step-time breakdown")
     ax.set_xlim(0, max(lefts, default=1.0) * 1.15 or 1.0)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / max(len(configs), 1)), ncol=5, fontsize=8, frameon=False)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
 

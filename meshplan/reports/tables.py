@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from meshplan.reports.inputs import RUN_METRICS, Config
@@ -95,6 +96,8 @@ def metrics_table(configs: list[Config]) -> pd.DataFrame:
         est = c.estimate
         col = {label: (getattr(est, key) if est else None) for key, label in SUMMARY_METRICS.items()}
         col["pipeline bubble fraction"] = est.pipeline.get("bubble_fraction") if est else None
+        col["peak memory per pp rank (GiB)"] = (
+            ", ".join(f"{r['total']:.4g}" for r in est.per_rank_memory_gib) if est else None)
         cols[c.name] = col
     return pd.DataFrame(cols)
 
@@ -133,7 +136,7 @@ def format_cell(value: Any) -> str:
     """Short human text for a table cell."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "-"
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
     if isinstance(value, float):
         if value == 0:
