@@ -1,0 +1,67 @@
+"""Layouts under test: tiny models, seq 32, global batch 8, fp32 (see test_layouts.py)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+BASE: dict[str, Any] = {
+    "model": "tiny", "cluster": "h100-80g-dgx", "gpus": 1,
+    "training": {"seq_len": 32, "global_batch": 8, "micro_batch": 2, "dtype": "fp32"},
+    "parallel": {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "sequence_parallel": False, "async_tp": False,
+                 "pp": 1, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None, "cp": 1},
+    "memory": {"activation_checkpointing": "none", "sac_ops": None, "float8": False, "reshard_after_forward": True},
+    "compile": False,
+}
+
+
+def plan(model: str = "tiny", *, memory: dict | None = None, **parallel: Any) -> dict[str, Any]:
+    """A complete plan mapping; gpus = product of the degrees given."""
+    out = copy.deepcopy(BASE)
+    out["model"] = model
+    out["parallel"].update(parallel)
+    out["memory"].update(memory or {})
+    p = out["parallel"]
+    out["gpus"] = p["dp_replicate"] * p["dp_shard"] * p["tp"] * p["pp"] * p["cp"]
+    return out
+
+
+def pp(schedule: str, virtual: int, **kw: Any) -> dict[str, Any]:
+    return plan("tiny-4l", pp=2, pp_schedule=schedule, pp_virtual_stages=virtual, **kw)
+
+
+TWO_RANK: dict[str, dict[str, Any]] = {
+    "ddp": plan(dp_replicate=2),
+    "fsdp2": plan(dp_shard=2),
+    "fsdp2_no_reshard": plan(dp_shard=2, memory={"reshard_after_forward": False}),
+    "tp_sp": plan(tp=2, sequence_parallel=True),
+    "tp_nosp": plan(tp=2),
+    "tp_sp_gpt": plan("tiny-gpt", tp=2, sequence_parallel=True),
+    "fsdp2_gpt": plan("tiny-gpt", dp_shard=2),
+    "pp_GPipe": pp("GPipe", 1),
+    "pp_1F1B": pp("1F1B", 1),
+    "pp_Interleaved1F1B": pp("Interleaved1F1B", 2),
+    "pp_LoopedBFS": pp("LoopedBFS", 2),
+    "pp_InterleavedZeroBubble": pp("InterleavedZeroBubble", 2),
+    "pp_ZBVZeroBubble": pp("ZBVZeroBubble", 2),
+    "pp_DualPipeV": pp("DualPipeV", 2),
+    "pp_uneven_layers": plan("tiny-4l", pp=2, pp_schedule="1F1B", pp_layers=[1, 3]),
+    "cp": plan(cp=2),
+    "cp_gpt": plan("tiny-gpt", cp=2),
+    "fsdp2_ac_full": plan(dp_shard=2, memory={"activation_checkpointing": "full"}),
+    "fsdp2_ac_selective": plan(dp_shard=2, memory={"activation_checkpointing": "selective"}),
+    "tp_sp_ac_selective_ops": plan(tp=2, sequence_parallel=True,
+                                   memory={"activation_checkpointing": "selective", "sac_ops": ["attention", "ffn_out"]}),
+}
+
+FOUR_RANK: dict[str, dict[str, Any]] = {
+    "fsdp2_4": plan(dp_shard=4),
+    "hsdp_2x2": plan(dp_replicate=2, dp_shard=2),
+    "fsdp_tp_2x2": plan(dp_shard=2, tp=2, sequence_parallel=True),
+    "pp_fsdp_2x2": plan("tiny-4l", pp=2, dp_shard=2, pp_schedule="1F1B"),
+    "cp_tp_2x2": plan(cp=2, tp=2, sequence_parallel=True),
+}
+
+FLOAT8: dict[str, dict[str, Any]] = {
+    "fsdp2_float8": plan(dp_shard=2, memory={"float8": True}),
+}

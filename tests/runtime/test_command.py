@@ -1,0 +1,96 @@
+"""`meshplan run` end to end: torchrun launch, metrics.jsonl + summary.json, DCP checkpoints and
+--resume (continues bit-for-bit), and one-line errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from cases import plan
+
+RUN_TIMEOUT_S = 240
+
+
+def meshplan_run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshplan", "run", *args], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def rows(path) -> list[dict]:
+    return [json.loads(line) for line in open(path) if line.strip()]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_run_writes_metrics_summary_and_resumes_exactly(tmp_path):
+    p = plan("tiny", dp_shard=2)
+    p["training"]["dtype"] = "bf16"  # runs as fp32 on CPU, and says so
+    plan_file = tmp_path / "best.yaml"
+    plan_file.write_text(yaml.safe_dump(p))
+    full = tmp_path / "full"
+    res = meshplan_run("--plan", str(plan_file), "--steps", "6", "--out", str(full), "--checkpoint-every", "3")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "bf16 runs as fp32" in res.stdout
+
+    metrics = rows(full / "metrics.jsonl")
+    assert [r["step"] for r in metrics] == [1, 2, 3, 4, 5, 6]
+    for r in metrics:
+        for key in ("loss", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_gib"):
+            assert key in r
+        assert r["peak_memory_gib"] > 0
+    summary = json.loads((full / "summary.json").read_text())
+    for key in ("step_time_s", "tokens_per_s_per_gpu", "peak_memory_gib"):
+        assert summary["measured"][key] > 0
+    assert summary["measured"]["steps_in_median"] == [3, 4, 5, 6]
+    assert summary["predicted"] is not None or summary["predicted_unavailable"]
+    assert summary["plan"]["parallel"]["dp_shard"] == 2 and summary["versions"]["torch"]
+    ckpts = sorted(os.listdir(full / "checkpoints"))
+    assert ckpts == ["step-00000003", "step-00000006"]
+
+    # Resume from step 3 in a fresh run directory: steps 4-6 must repeat the uninterrupted run.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(full / "checkpoints" / "step-00000003", resumed / "checkpoints" / "step-00000003")
+    res = meshplan_run("--plan", str(plan_file), "--steps", "6", "--out", str(resumed), "--resume",
+                       "--track-memory", "off")
+    assert res.returncode == 0, res.stderr[-3000:]
+    again = rows(resumed / "metrics.jsonl")
+    assert [r["step"] for r in again] == [4, 5, 6]
+    for a, b in zip(again, metrics[3:]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6), (a, b)
+        assert a["lr"] == pytest.approx(b["lr"], rel=1e-9)
+
+
+def _error(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode == 2, (res.returncode, res.stderr[-2000:])
+    lines = [l for l in res.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    return lines[0]
+
+
+def test_bad_input_is_one_line_exit_2(tmp_path):
+    assert "file not found" in _error(meshplan_run("--plan", str(tmp_path / "missing.yaml")))
+
+    auto = plan("tiny", dp_shard=2)
+    auto["parallel"]["tp"] = "auto"
+    f = tmp_path / "auto.yaml"
+    f.write_text(yaml.safe_dump(auto))
+    assert "auto" in _error(meshplan_run("--plan", str(f)))
+
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(plan("tiny", dp_shard=2)))
+    assert "--steps" in _error(meshplan_run("--plan", str(good), "--steps", "0"))
+    assert "--data" in _error(meshplan_run("--plan", str(good), "--data", str(tmp_path / "nope.bin")))
+    assert "--resume" in _error(meshplan_run("--plan", str(good), "--resume"))
+
+    bad_pp = plan("tiny-4l", pp=2, pp_schedule="Interleaved1F1B", pp_virtual_stages=2)
+    bad_pp["training"]["micro_batch"] = 4  # 2 micro-batches < 4 stages
+    f = tmp_path / "bad_pp.yaml"
+    f.write_text(yaml.safe_dump(bad_pp))
+    assert "micro-batches" in _error(meshplan_run("--plan", str(f)))
