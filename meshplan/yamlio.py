@@ -22,6 +22,12 @@ def load_yaml_file(path: str | os.PathLike, what: str) -> Any:
         text = p.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(what, f"cannot read {p}: {exc.__class__.__name__}")
+    if p.suffix.lower() == ".json":
+        # JSON through PyYAML would read 1e-05 as a string (YAML 1.1 floats need a dot).
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(what, f"{p} is not valid JSON (line {exc.lineno})")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -10,8 +10,10 @@ al. (2022) Table 2 exactly, which tests check.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.plan import DEFAULT_SAC_OPS
 
 # Sharding of a saved tensor across the TP group:
 #   "tp"       always split (head- or FFN-sharded activations)
@@ -22,6 +24,9 @@ SHARDINGS = ("tp", "sp", "gathered", "none")
 
 # TorchTitan's default selective policy ("op"): save SDPA outputs, every other matmul output
 # (wq, wv, w1, w2 of a Llama block) and reduce-scatter outputs. Names of ActivationTensor below.
+# Used for TorchTitan's published runs (sac_ops = TORCHTITAN_OP_POLICY); meshplan's own default
+# is DEFAULT_SAC_OPS.
+TORCHTITAN_OP_POLICY = "torchtitan_op"
 TORCHTITAN_OP_SAC = ("block_in", "q_mm", "v_mm", "attn_core_out", "ffn_in_0", "ffn_out_mm", "attn_out_rs", "ffn_out_rs")
 
 
@@ -44,6 +49,11 @@ class ActivationTensor:
     shard: str
     bytes_per_element: float | None = None  # None: the activation dtype
     no_ac_saved: bool = True  # kept when there is no checkpointing at all
+
+
+@lru_cache(maxsize=4096)
+def _block_tensors_cached(spec: ModelSpec, seq_len: int, conv: "Convention") -> tuple:
+    return tuple(block_tensors(spec, seq_len, conv))
 
 
 def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH) -> list[ActivationTensor]:
@@ -98,18 +108,21 @@ def tensor_bytes_per_token(x: ActivationTensor, tp: int, sp: bool, act_bytes: fl
     return x.elements_per_token * per / _divisor(x.shard, tp, sp, conv)
 
 
-def saved_names(spec: ModelSpec, ac: str, sac_ops: list[str] | None, conv: Convention, tp: int) -> set[str]:
-    """Names of the tensors kept between a block's forward and its backward."""
+def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int) -> set[str]:
+    """Names of the tensors kept between a block's forward and its backward.
+
+    sac_ops: the op kinds selective AC saves (None: DEFAULT_SAC_OPS), or TORCHTITAN_OP_POLICY.
+    """
     tensors = block_tensors(spec, 1, conv)
     if ac == "none":
         return {x.name for x in tensors if x.no_ac_saved}
     if ac == "full":
         return {"block_in"}
-    if sac_ops is None:
-        if conv.attention == "eager":
-            # Korthikanti's selective recompute: drop only the s^2 attention-core tensors.
-            return {x.name for x in tensors if x.no_ac_saved and x.name not in
-                    ("softmax_out", "attn_dropout_mask", "attn_dropout_out")}
+    if conv.attention == "eager" and sac_ops is None:
+        # Korthikanti's selective recompute: drop only the s^2 attention-core tensors.
+        return {x.name for x in tensors if x.no_ac_saved and x.name not in
+                ("softmax_out", "attn_dropout_mask", "attn_dropout_out")}
+    if sac_ops == TORCHTITAN_OP_POLICY:
         names = set(TORCHTITAN_OP_SAC)
         if spec.arch == "gpt":
             names.discard("v_mm")
@@ -117,35 +130,42 @@ def saved_names(spec: ModelSpec, ac: str, sac_ops: list[str] | None, conv: Conve
             names -= {"attn_out_rs", "ffn_out_rs"}
             names.add("ffn_out_rs")  # w2's output is the reduce-scatter's when there is no TP
         return names
-    keep = {"block_in"}
-    for x in tensors:
-        if x.sac_kind in sac_ops:
-            keep.add(x.name)
-    return keep
+    kinds = DEFAULT_SAC_OPS if sac_ops is None else sac_ops
+    return {"block_in"} | {x.name for x in tensors if x.sac_kind in kinds}
 
 
 def activation_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, ac: str,
-                               sac_ops: list[str] | None, act_bytes: float, conv: Convention = PYTORCH) -> float:
+                               sac_ops, act_bytes: float, conv: Convention = PYTORCH) -> float:
     """Bytes one block keeps per token of its micro-batch, on one TP rank."""
+    if isinstance(sac_ops, list):
+        sac_ops = tuple(sac_ops)
+    return _activation_bytes_per_token(spec, seq_len, tp, sp, ac, sac_ops, act_bytes, conv)
+
+
+@lru_cache(maxsize=65536)
+def _activation_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, ac: str,
+                                sac_ops, act_bytes: float, conv: Convention) -> float:
     keep = saved_names(spec, ac, sac_ops, conv, tp)
     return sum(tensor_bytes_per_token(x, tp, sp, act_bytes, conv)
                for x in block_tensors(spec, seq_len, conv) if x.name in keep)
 
 
+@lru_cache(maxsize=65536)
 def recompute_peak_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, act_bytes: float,
                                    conv: Convention = PYTORCH) -> float:
     """Transient: the whole block's backward set, materialised while one checkpointed block recomputes."""
     return activation_bytes_per_token(spec, seq_len, tp, sp, "none", None, act_bytes, conv)
 
 
-def recomputed_kinds(ac: str, sac_ops: list[str] | None, arch: str) -> set[str]:
+def recomputed_kinds(ac: str, sac_ops, arch: str) -> set[str]:
     """Op kinds whose forward runs again in backward (matmul kinds and the attention core)."""
     if ac == "none":
         return set()
     if ac == "full":
         return {"qkv", "attention", "attn_out", "ffn_in", "ffn_out"}
-    if sac_ops is None:
+    if sac_ops == TORCHTITAN_OP_POLICY:
         # TorchTitan's op policy saves every other matmul; recomputes wk, wo and w3 (GPT: wk, wv, wo).
         return {"qkv_partial", "attn_out", "ffn_in_partial"} if arch == "llama" else {"qkv_partial", "attn_out"}
+    kinds = DEFAULT_SAC_OPS if sac_ops is None else sac_ops
     need = {"qkv", "attention", "attn_out", "ffn_in"}  # ffn_out's output is not needed by the block's backward
-    return need - set(sac_ops)
+    return need - set(kinds)

@@ -17,11 +17,12 @@ def fill_auto(plan: Plan, profile) -> tuple[Plan, Estimate]:
     from meshplan.planner.search import search
 
     result = search(plan, profile)
-    if not result.candidates:
+    best = result.best
+    if best is None:
         raise InputError("plan", "no completion of its auto fields fits in memory or divides evenly; "
                                  "run `meshplan plan` for what would")
-    best = result.candidates[0]
-    return best.plan, best.estimate
+    filled = result.best_plan()
+    return filled, estimate_plan(filled, profile)
 
 
 def _print_breakdown(plan: Plan, est: Estimate) -> None:

@@ -67,11 +67,17 @@ class Estimate:
 
 def group_spans(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> dict[str, GroupSpan]:
     """Each mesh dimension's group: its size and how many of its ranks share a node."""
-    degrees = {"pp": lay.pp, "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard, "cp": lay.cp, "tp": lay.tp}
+    return _group_spans(lay.pp, lay.dp_replicate, lay.dp_shard, lay.cp, lay.tp, prof.devices_per_node, order)
+
+
+@lru_cache(maxsize=65536)
+def _group_spans(pp: int, dp_replicate: int, dp_shard: int, cp: int, tp: int, devices_per_node: int,
+                 order: tuple[str, ...]) -> dict[str, GroupSpan]:
+    degrees = {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp}
     spans, inner = {}, 1
     for dim in reversed(order):
         d = degrees[dim]
-        per_node = max(1, min(d, prof.devices_per_node // inner)) if inner < prof.devices_per_node else 1
+        per_node = max(1, min(d, devices_per_node // inner)) if inner < devices_per_node else 1
         spans[dim] = GroupSpan(d, per_node)
         inner *= d
     return spans
@@ -121,34 +127,100 @@ def pipeline_schedule(plan: Plan, profile: ClusterProfile, order: tuple[str, ...
     lay = layout_of(plan)
     if lay.pp == 1:
         return None
-    d = stage_durations(lay, profile, group_spans(lay, profile, order))
+    d = stage_durations(lay, profile, group_spans(lay, profile, plan_order(plan, order)))
     return simulate(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p)
 
 
 def estimate_plan(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER,
-                  attention_kernel: str = "flash") -> Estimate:
+                  **layout_overrides) -> Estimate:
+    """layout_overrides: Layout fields a plan file cannot say, for modelling other systems' runs
+    (validation uses attention_kernel="eager" for Megatron 2021, TorchTitan's SAC op policy)."""
     lay = layout_of(plan)
-    if attention_kernel != "flash":
-        lay = replace(lay, attention_kernel=attention_kernel)
-    return estimate_layout(lay, profile, order)
+    if layout_overrides:
+        lay = replace(lay, **layout_overrides)
+    return estimate_layout(lay, profile, plan_order(plan, order))
+
+
+def plan_order(plan: Plan, default: tuple[str, ...] = DEFAULT_MESH_ORDER) -> tuple[str, ...]:
+    """The mesh order the plan was placed with (its `mesh_order`), else `default`."""
+    return tuple(plan.mesh_order) if plan.mesh_order else default
+
+
+def profile_cache(prof: ClusterProfile) -> dict:
+    """Memo of pure cost-model pieces, kept on the profile object it depends on."""
+    cache = prof.__dict__.get("_cost_cache")
+    if cache is None:
+        cache = prof.__dict__["_cost_cache"] = {}
+    return cache
+
+
+def _block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
+    return ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
+            lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, spans["tp"], spans["cp"])
+
+
+@dataclass
+class StepParts:
+    """Everything of a step that needs no pipeline simulation: per-stage durations and per-rank work."""
+
+    spans: dict[str, GroupSpan]
+    bt: Any
+    head: Any
+    emb: float
+    durations: StageDurations
+    busy: tuple[float, ...]  # work per pipeline rank over the step (exact; the makespan is >= max)
+
+
+def step_parts(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> StepParts:
+    cache = profile_cache(prof)
+    spans = group_spans(lay, prof, order)
+    key = _block_key(lay, spans)
+    bt = cache.get(key)
+    if bt is None:
+        bt = cache[key] = block_time(lay, prof, spans)
+    hkey = ("head", lay.spec, lay.tokens_per_micro, lay.tp, lay.dtype)
+    he = cache.get(hkey)
+    if he is None:
+        he = cache[hkey] = (head_time(lay, prof), embedding_time(lay, prof))
+    head, emb = he
+    d = stage_durations(lay, prof, spans, bt, head, emb)
+    return StepParts(spans, bt, head, emb, d, rank_busy(lay, d))
+
+
+def rank_busy(lay: Layout, d: StageDurations) -> tuple[float, ...]:
+    """Each pipeline rank's work over the step under the layout's schedule (its stage placement)."""
+    busy = [0.0] * lay.pp
+    m = lay.n_micro
+    for s in range(lay.n_stages):
+        busy[stage_rank(s, lay.pp, lay.schedule)] += m * (d.forward[s] + d.backward[s] + d.weight[s])
+    return tuple(busy)
+
+
+def compose_step(lay: Layout, prof: ClusterProfile, parts: StepParts, makespan: float) -> tuple[float, int, float, dict, float]:
+    """Step time from a pipeline makespan: (step, critical rank, exposed data-parallel comm, its split, optimizer)."""
+    crit = max(range(lay.pp), key=lambda r: parts.busy[r])
+    data_exposed, data_detail = _data_parallel_comm(lay, prof, parts.spans, crit, parts.busy[crit], parts.bt)
+    optimizer = _optimizer_time(lay, prof, crit)
+    step = makespan + data_exposed + optimizer + prof.overheads.step_overhead_s
+    return step, crit, data_exposed, data_detail, optimizer
+
+
+def step_time_lower_bound(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> tuple[float, bool]:
+    """(bound, exact): the step time with the makespan replaced by the busiest rank's work, which no
+    schedule can beat. Exact without pipelining."""
+    parts = step_parts(lay, prof, order)
+    return compose_step(lay, prof, parts, max(parts.busy))[0], lay.pp == 1
 
 
 def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> Estimate:
-    spans = group_spans(lay, prof, order)
-    bt = block_time(lay, prof, spans)
-    head = head_time(lay, prof)
-    emb = embedding_time(lay, prof)
-    d = stage_durations(lay, prof, spans, bt, head, emb)
-    f, b, w, p2p = d.forward, d.backward, d.weight, d.p2p
+    parts = step_parts(lay, prof, order)
+    spans, bt, head, emb, d = parts.spans, parts.bt, parts.head, parts.emb, parts.durations
     if lay.pp > 1:
-        makespan, busy, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f), tuple(b), tuple(w), p2p)
+        makespan, busy, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
+                                                     tuple(d.backward), tuple(d.weight), d.p2p)
     else:
-        makespan = lay.n_micro * (f[0] + b[0] + w[0])
-        busy, in_flight = (makespan,), (1.0,)
-    crit = max(range(lay.pp), key=lambda r: busy[r])
-    data_exposed, data_detail = _data_parallel_comm(lay, prof, spans, crit, busy[crit], bt)
-    optimizer = _optimizer_time(lay, prof, crit)
-    step = makespan + data_exposed + optimizer + prof.overheads.step_overhead_s
+        makespan, busy, in_flight = parts.busy[0], parts.busy, (1.0,)
+    step, crit, _, data_detail, optimizer = compose_step(lay, prof, parts, makespan)
 
     time_s = _time_breakdown(lay, bt, head, emb, crit, busy[crit], makespan)
     time_s.update(data_detail)
@@ -175,7 +247,7 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
         per_rank_memory_gib=[{"pp_rank": m.rank, "total": m.total / GIB, **m.gib()} for m in mems],
         pipeline={"schedule": lay.schedule, "pp": lay.pp, "virtual_stages": lay.v, "microbatches": lay.n_micro,
                   "stage_layers": list(lay.stage_layers), "bubble_fraction": (makespan - busy[crit]) / makespan,
-                  "in_flight": list(in_flight), "p2p_s": p2p},
+                  "in_flight": list(in_flight), "p2p_s": d.p2p},
         placement=placement_of(spans, prof),
         usable_memory_gib=usable,
     )
@@ -241,7 +313,7 @@ def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
 
 
 def _recompute_flops_per_token(lay: Layout) -> float:
-    kinds = recomputed_kinds(lay.ac, list(lay.sac_ops) if lay.sac_ops else None, lay.spec.arch)
+    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch)
     spec = lay.spec
     flops = 0.0
     for mm in layer_matmuls(spec):

@@ -31,7 +31,7 @@ class Layout:
     stage_layers: tuple[int, ...]
     cp: int
     ac: str
-    sac_ops: tuple[str, ...] | None
+    sac_ops: tuple[str, ...] | str | None  # op kinds saved by selective AC; None = DEFAULT_SAC_OPS
     float8: bool
     reshard_after_forward: bool
     compile: bool
@@ -40,6 +40,13 @@ class Layout:
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
+
+    def with_(self, **changes) -> "Layout":
+        """dataclasses.replace without re-running __init__ (the planner makes ~10^5 of these)."""
+        new = object.__new__(Layout)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
 
     @property
     def fsdp_shard(self) -> int:
@@ -81,6 +88,6 @@ def layout_of(plan: Plan) -> Layout:
         micro_batch=t.micro_batch, dtype=t.dtype, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard,
         tp=p.tp, sp=bool(p.sequence_parallel) and p.tp > 1, async_tp=bool(p.async_tp) and p.tp > 1,
         pp=pp, schedule=p.pp_schedule if pp > 1 else "1F1B", v=v, stage_layers=layers, cp=p.cp,
-        ac=m.activation_checkpointing, sac_ops=tuple(m.sac_ops) if m.sac_ops else None,
+        ac=m.activation_checkpointing, sac_ops=tuple(m.sac_ops) if m.sac_ops is not None else None,
         float8=bool(m.float8), reshard_after_forward=bool(m.reshard_after_forward), compile=bool(plan.compile),
     )

@@ -8,6 +8,7 @@ all-gathered in the compute dtype. fp32 runs (CPU) gather fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from meshplan.cost_models.activations import activation_bytes_per_token, recompute_peak_bytes_per_token
 from meshplan.cost_models.layout import Layout
@@ -45,16 +46,23 @@ class RankMemory:
 
 
 def stage_params(lay: Layout, rank: int) -> StageParams:
-    spec = lay.spec
-    stages = [s for s in range(lay.n_stages) if _stage_rank(lay, s) == rank]
-    layers = sum(lay.stage_layers[s] for s in stages)
-    block = spec.layer_params() / lay.tp
+    return _stage_params(lay.spec, lay.pp, lay.schedule, lay.stage_layers, lay.tp, rank)
+
+
+@lru_cache(maxsize=65536)
+def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], tp: int, rank: int) -> StageParams:
+    from meshplan.cost_models.pipeline import stage_rank
+
+    n_stages = len(stage_layers)
+    stages = [s for s in range(n_stages) if stage_rank(s, pp, schedule) == rank]
+    layers = sum(stage_layers[s] for s in stages)
+    block = spec.layer_params() / tp
     first = 0 in stages
-    last = (lay.n_stages - 1) in stages
-    emb = spec.embedding_params() / lay.tp if first else 0.0
-    head = (spec.head_params() - spec.dim) / lay.tp + spec.dim if last else 0.0
+    last = (n_stages - 1) in stages
+    emb = spec.embedding_params() / tp if first else 0.0
+    head = (spec.head_params() - spec.dim) / tp + spec.dim if last else 0.0
     if spec.tied_embeddings and last and not first:
-        head += spec.vocab_size * spec.dim / lay.tp  # the tied matrix lives on both ends
+        head += spec.vocab_size * spec.dim / tp  # the tied matrix lives on both ends
     return StageParams(layers, block, emb, head)
 
 
@@ -77,7 +85,7 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) 
     layers_per_stage = sp.layers / lay.v
     tokens = lay.tokens_per_micro
     per_layer = activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
-                                           list(lay.sac_ops) if lay.sac_ops else None, lay.act_bytes)
+                                           lay.sac_ops, lay.act_bytes)
     # One in-flight unit is one stage's layers for one micro-batch (plus the hidden state handed on).
     unit = tokens * (per_layer * layers_per_stage + lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1))
     mem.parts["activations"] = unit * in_flight
@@ -90,9 +98,21 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) 
     if lay.cp > 1:
         # All-gathered keys and values of one layer, for the whole sequence.
         mem.parts["cp_buffers"] = 2 * lay.micro_batch * lay.seq_len * lay.spec.kv_dim / lay.tp * lay.act_bytes
+    if not _grads_live_at_peak(lay):
+        # Without accumulation the peak is at the start of backward, before any gradient exists
+        # (zero_grad sets them to None); gradients grow only as activations are freed.
+        mem.parts["grads"] = max(0.0, mem.parts["grads"] - mem.parts["activations"] - mem.parts["transient"])
     live = mem.total
     mem.parts["overhead"] = overheads.context_gib * GIB + overheads.memory_fragmentation * live
     return mem
+
+
+def _grads_live_at_peak(lay: Layout) -> bool:
+    """Sharded gradients exist at the peak when micro-batches accumulate into them. With PP over
+    FSDP the accumulation happens in FSDP's unsharded buffers instead (see _fsdp_buffers)."""
+    if lay.n_micro == 1:
+        return False
+    return not (lay.pp > 1 and lay.fsdp_shard > 1)
 
 
 def loss_buffer_bytes(lay: Layout) -> float:
@@ -114,7 +134,11 @@ def loss_buffer_bytes(lay: Layout) -> float:
 def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
     """Unsharded parameters and gradients FSDP materialises (compute dtype; float8 gathers 1 byte)."""
     if lay.fsdp_shard == 1:
-        return 0.0
+        if lay.dp_replicate == 1:
+            return 0.0
+        # Replicated (DDP via FSDP2's replicate, or DDP's gradient buckets): one more full
+        # parameter-sized buffer in the compute dtype, plus a block's gradients in flight.
+        return sp.total * lay.act_bytes + 2 * sp.block * lay.act_bytes
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
     grad_bytes = lay.act_bytes
     # Root module (embedding, final norm, head) stays unsharded for the whole step.

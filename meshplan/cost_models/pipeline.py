@@ -275,6 +275,49 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
 
 
 @lru_cache(maxsize=4096)
+def _stage_ranks(pp: int, v: int, v_shaped: bool) -> tuple[int, ...]:
+    return tuple(stage_rank(s, pp, "ZBVZeroBubble" if v_shaped else "1F1B") for s in range(pp * v))
+
+
+def bound_kind(schedule: str) -> tuple[bool, bool]:
+    """What makespan_lower_bound depends on: (V-shaped placement, split backward)."""
+    return schedule in V_SHAPED, schedule in SPLIT_BACKWARD
+
+
+def makespan_lower_bound(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: list[float],
+                         w: list[float], p2p: float = 0.0) -> float:
+    """A makespan no execution of the schedule can beat, without simulating it.
+
+    Rank r cannot start before micro-batch 0's forward reaches its first stage, must then do all of
+    its own work, and (when backward is not split) finishes with the backward of its first stage,
+    after which the stages before it still have that micro-batch's backward to run. For 1F1B and
+    GPipe this is (m + p - 1)(F + B) and for interleaving (m + (p - 1)/v)(F + B) with equal stages:
+    the closed forms, which the simulation reaches.
+    """
+    n_stages = pp * v
+    split = schedule in SPLIT_BACKWARD
+    ranks = _stage_ranks(pp, v, schedule in V_SHAPED)
+    first = [n_stages] * pp
+    busy = [0.0] * pp
+    # Prefix sums over stages: forward before stage k, backward (+weight) before k, rank hops before k.
+    lead_f, lead_b, hops = [0.0], [0.0], [0]
+    for s in range(n_stages):
+        r = ranks[s]
+        if s < first[r]:
+            first[r] = s
+        busy[r] += n_micro * (f[s] + b[s] + w[s])
+        lead_f.append(lead_f[-1] + f[s])
+        lead_b.append(lead_b[-1] + b[s] + w[s])
+        hops.append(hops[-1] + (1 if s + 1 < n_stages and ranks[s + 1] != r else 0))
+    best = 0.0
+    for r in range(pp):
+        k = first[r]
+        tail = 0.0 if split else lead_b[k] + hops[k] * p2p
+        best = max(best, lead_f[k] + hops[k] * p2p + busy[r] + tail)
+    return best
+
+
+@lru_cache(maxsize=4096)
 def simulate_uniform(schedule: str, pp: int, v: int, n_micro: int, f: float, b: float, w: float,
                      p2p: float) -> tuple[float, float, tuple[float, ...]]:
     """Cached simulation with equal stages: (makespan, bubble_time, peak in-flight per rank)."""

@@ -6,7 +6,8 @@ is assumed once here, and printed by `meshplan validate`:
   fp16 (as bf16), full activation recompute, DDP across data-parallel replicas, no sequence
   parallelism, 1F1B, micro-batch 1 when pipelined (else the estimate's best micro-batch). Megatron's
   fused kernels (bias-GeLU, bias-dropout-add, fused softmax/layernorm) are modelled as compile.
-- TorchTitan (Llama 3.1 on H100 96GB at 500 W): FSDP2 with reshard after forward (not with PP),
+- TorchTitan (Llama 3.1 on H100 96GB at 500 W): selective AC is TorchTitan's op policy (every
+  other matmul and SDPA saved), FSDP2 with reshard after forward (not with PP),
   pipeline micro-batches = PP degree (TorchTitan's default then), Interleaved 1F1B with 2 stages
   per rank, async TP only where listed.
 """
@@ -15,9 +16,10 @@ from __future__ import annotations
 
 import csv
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
+from meshplan.cost_models.activations import TORCHTITAN_OP_POLICY
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
 from meshplan.specs.registry import resolve_model
@@ -32,7 +34,7 @@ class PublishedRow:
     published: float
     published_memory_gib: float | None = None
     skipped: str | None = None
-    attention_kernel: str = "flash"
+    layout_overrides: dict = field(default_factory=dict)  # what the plan file cannot say about the run
 
 
 def _read_csv(name: str) -> list[dict[str, str]]:
@@ -60,7 +62,7 @@ def megatron_rows() -> list[PublishedRow]:
         )
         rows.append(PublishedRow("Megatron-LM SC'21 Table 1", f"{name} TP{tp} PP{pp} {gpus} GPUs batch {batch}",
                                  plan, "tflops_per_gpu", float(r["Achieved teraFLOP/s per GPU"]),
-                                 attention_kernel="eager"))
+                                 layout_overrides={"attention_kernel": "eager"}))
     return rows
 
 
@@ -94,6 +96,7 @@ def torchtitan_rows() -> list[PublishedRow]:
         )
         label = f"{r['table']}: {r['model']} {gpus} GPUs {r['parallelism']} seq {seq} | {tech}"
         tps = float(r["TPS/GPU"].replace(",", ""))
+        overrides = {"sac_ops": TORCHTITAN_OP_POLICY} if r["activation checkpointing"] == "selective" else {}
         rows.append(PublishedRow(f"TorchTitan H100 ({r['table']})", label, plan, "tokens_per_s_per_gpu", tps,
-                                 float(r["Memory(GiB)"])))
+                                 float(r["Memory(GiB)"]), layout_overrides=overrides))
     return rows

@@ -91,7 +91,7 @@ def _eager_attention_forward(lay: Layout, prof: ClusterProfile) -> float:
 
 
 def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, elem_fwd: float) -> float:
-    kinds = recomputed_kinds(lay.ac, list(lay.sac_ops) if lay.sac_ops else None, lay.spec.arch)
+    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch)
     if not kinds:
         return 0.0
     spec = lay.spec

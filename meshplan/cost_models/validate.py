@@ -13,7 +13,7 @@ from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import Plan
 
 
-def _best_micro_batch(plan: Plan, attention_kernel: str) -> tuple[Plan, Estimate]:
+def _best_micro_batch(plan: Plan, overrides: dict) -> tuple[Plan, Estimate]:
     """Where a source leaves the micro-batch unstated: the fastest that fits, by this model."""
     prof = load_profile(plan.cluster)
     local = plan.training.global_batch // plan.parallel.dp()
@@ -21,7 +21,7 @@ def _best_micro_batch(plan: Plan, attention_kernel: str) -> tuple[Plan, Estimate
     for mb in [d for d in range(1, local + 1) if local % d == 0]:
         cand = plan.copy()
         cand.training = replace(plan.training, micro_batch=mb)
-        est = estimate_plan(cand, prof, attention_kernel=attention_kernel)
+        est = estimate_plan(cand, prof, **overrides)
         key = (est.fits, -est.step_time_s)
         if best is None or key > best[0]:
             best = (key, cand, est)
@@ -31,9 +31,9 @@ def _best_micro_batch(plan: Plan, attention_kernel: str) -> tuple[Plan, Estimate
 def predict(row: PublishedRow) -> tuple[float, Estimate, Plan]:
     plan = row.plan
     if plan.training.micro_batch == "auto":
-        plan, est = _best_micro_batch(plan, row.attention_kernel)
+        plan, est = _best_micro_batch(plan, row.layout_overrides)
     else:
-        est = estimate_plan(plan, load_profile(plan.cluster), attention_kernel=row.attention_kernel)
+        est = estimate_plan(plan, load_profile(plan.cluster), **row.layout_overrides)
     if row.metric == "tflops_per_gpu":
         t = plan.training
         value = megatron_flops_per_iteration(plan.model, t.seq_len, t.global_batch) / est.step_time_s / plan.gpus / 1e12

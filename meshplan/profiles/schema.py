@@ -101,10 +101,17 @@ class ClusterProfile:
         raise KeyError(name)
 
     def node_level(self) -> str:
-        return next(l.name for l in self.links if l.scope == "node")
+        level = self.__dict__.get("_node_level")
+        if level is None:
+            level = self.__dict__["_node_level"] = next(l.name for l in self.links if l.scope == "node")
+        return level
 
     def cluster_level(self) -> str:
-        return next((l.name for l in self.links if l.scope == "cluster"), self.node_level())
+        level = self.__dict__.get("_cluster_level")
+        if level is None:
+            level = next((l.name for l in self.links if l.scope == "cluster"), self.node_level())
+            self.__dict__["_cluster_level"] = level
+        return level
 
     def supports_float8(self) -> bool:
         return "fp8" in self.device.peak_tflops

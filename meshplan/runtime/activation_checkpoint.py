@@ -18,11 +18,8 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from meshplan.runtime.model import Transformer
 from meshplan.runtime.sac_regions import current_region
+from meshplan.specs.plan import DEFAULT_SAC_OPS
 
-# Used when the plan says `sac_ops: null`. Attention is quadratic work per saved byte, so it is the
-# most valuable to keep; qkv and ffn_in are the matmuls whose outputs feed it / the MLP
-# nonlinearity. attn_out and ffn_out (the two row-parallel outputs) are recomputed.
-DEFAULT_SAC_OPS: tuple[str, ...] = ("attention", "qkv", "ffn_in")
 
 _aten = torch.ops.aten
 # The ops whose outputs are "the activation of an op kind": matmuls (with or without bias), and

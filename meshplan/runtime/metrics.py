@@ -141,13 +141,17 @@ def flops_per_token(plan: Any) -> tuple[float | None, str | None]:
         return None, f"{exc.__class__.__name__}: {exc}"
 
 
-def predicted(plan: Any) -> tuple[dict | None, str | None]:
-    """The cost model's estimate for the plan, or (None, why not)."""
+def predicted(plan: Any, run_dtype: str = "fp32") -> tuple[dict | None, str | None]:
+    """The cost model's estimate for the plan as it ran (dtype `run_dtype`), or (None, why not)."""
     try:
+        from dataclasses import replace
+
         from meshplan.cost_models.estimate import estimate_plan
         from meshplan.profiles import load_profile
 
-        est = estimate_plan(plan, load_profile(plan.cluster))
+        ran = plan.copy()
+        ran.training = replace(plan.training, dtype=run_dtype)
+        est = estimate_plan(ran, load_profile(plan.cluster))
         return {"step_time_s": est.step_time_s, "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
                 "peak_memory_gib": est.peak_memory_gib, "memory_gib": dict(getattr(est, "memory_gib", {}) or {})}, None
     except Exception as exc:

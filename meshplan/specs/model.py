@@ -28,6 +28,14 @@ class ModelSpec:
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
 
+    def __hash__(self) -> int:
+        # Specs key the cost model's caches; hashing twelve fields on every lookup showed in profiles.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads

@@ -20,6 +20,10 @@ V_SHAPED_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 AC_MODES = ("none", "selective", "full")
 # Activation kinds that selective AC may save (one per op output the runtime can tag in a block).
 SAC_OPS = ("qkv", "attention", "attn_out", "ffn_in", "ffn_out")
+# What selective AC saves when a plan says `sac_ops: null` (runtime and cost model alike): the
+# attention output (quadratic work per byte) and the matmuls feeding attention and the MLP
+# nonlinearity; the two row-parallel outputs (attn_out, ffn_out) are recomputed.
+DEFAULT_SAC_OPS = ("qkv", "attention", "ffn_in")
 DTYPES = ("bf16", "fp32")
 MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
@@ -67,6 +71,7 @@ class Plan:
     memory: MemorySpec = field(default_factory=MemorySpec)
     compile: Any = False
     placement: dict[str, str] | None = None
+    mesh_order: list[str] | None = None  # mesh dims outer -> inner (default: pp, dp_replicate, dp_shard, cp, tp)
     model_ref: Any = None  # how the user named the model (kept so a written plan says the same)
     version: int = 1
 
@@ -97,6 +102,8 @@ class Plan:
         }
         if self.placement:
             out["placement"] = dict(self.placement)
+        if self.mesh_order:
+            out["mesh_order"] = list(self.mesh_order)
         if estimate is not None:
             out["estimate"] = estimate
         return out
@@ -110,7 +117,7 @@ class Plan:
 
 
 TOP_LEVEL = ("version", "model", "cluster", "gpus", "training", "parallel", "memory", "compile",
-             "placement", "estimate")
+             "placement", "mesh_order", "estimate")
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -141,6 +148,7 @@ def plan_from_dict(data: Any) -> Plan:
         memory=_parse_memory(data.get("memory", {})),
         compile=as_bool(data.get("compile", False), "compile", allow_auto=True),
         placement=_parse_placement(data.get("placement")),
+        mesh_order=_parse_mesh_order(data.get("mesh_order")),
         model_ref=data["model"] if isinstance(data["model"], str) else None,
     )
     check_consistency(plan)
@@ -204,6 +212,14 @@ def _parse_placement(raw: Any) -> dict[str, str] | None:
     raw = require_mapping(raw, "placement")
     reject_unknown(raw, MESH_DIMS, "placement")
     return {k: as_str(v, f"placement.{k}") for k, v in raw.items()}
+
+
+def _parse_mesh_order(raw: Any) -> list[str] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or sorted(map(str, raw)) != sorted(MESH_DIMS):
+        raise InputError("mesh_order", f"must list each of {', '.join(MESH_DIMS)} once (outer to inner), got {raw!r}")
+    return list(raw)
 
 
 def _known(*values: Any) -> bool:

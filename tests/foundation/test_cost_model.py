@@ -2,7 +2,7 @@
 
 import pytest
 
-from meshplan.cost_models.activations import MEGATRON, PYTORCH, activation_bytes_per_token
+from meshplan.cost_models.activations import MEGATRON, PYTORCH, TORCHTITAN_OP_POLICY, activation_bytes_per_token
 from meshplan.cost_models.flops import megatron_flops_per_iteration, model_flops_per_token
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.memory import GIB, rank_memory
@@ -69,7 +69,11 @@ def test_pytorch_convention_llama_by_hand():
     # full AC keeps the block input only, sharded by SP
     assert activation_bytes_per_token(m, 8192, 8, True, "full", None, 2.0, PYTORCH) == d * 2 / 8
     # TorchTitan's op SAC keeps block input, wq, wv, SDPA output, w1 and w2 outputs
-    assert activation_bytes_per_token(m, 8192, 1, False, "selective", None, 2.0, PYTORCH) == (4 * d + kv + f) * 2
+    assert activation_bytes_per_token(m, 8192, 1, False, "selective", TORCHTITAN_OP_POLICY, 2.0, PYTORCH) \
+        == (4 * d + kv + f) * 2
+    # meshplan's default (DEFAULT_SAC_OPS): block input, q/k/v, attention output, w1 and w3 outputs
+    assert activation_bytes_per_token(m, 8192, 1, False, "selective", None, 2.0, PYTORCH) \
+        == (d + d + 2 * kv + d + 2 * f) * 2
     # explicit sac_ops: block input + the chosen kinds
     assert activation_bytes_per_token(m, 8192, 1, False, "selective", ["attention"], 2.0, PYTORCH) == 2 * d * 2
 
@@ -86,16 +90,27 @@ def _layout(**kw) -> Layout:
 def test_model_states_sharding_by_hand():
     no_overhead = Overheads(memory_fragmentation=0.0, context_gib=0.0)
     n = resolve_model("llama3-8b").num_params()
-    fsdp = rank_memory(_layout(), 0, 1.0, no_overhead).parts
+    fsdp = rank_memory(_layout(global_batch=32), 0, 1.0, no_overhead).parts  # 2 micro-batches accumulate
     assert fsdp["params"] + fsdp["grads"] + fsdp["optimizer"] == pytest.approx(16 * n / 8)
-    ddp = rank_memory(_layout(dp_shard=1, dp_replicate=8), 0, 1.0, no_overhead).parts
+    ddp = rank_memory(_layout(dp_shard=1, dp_replicate=8, global_batch=32), 0, 1.0, no_overhead).parts
     assert ddp["params"] + ddp["grads"] + ddp["optimizer"] == pytest.approx(16 * n)
-    assert ddp["fsdp_buffers"] == 0
+    # replication keeps one more parameter-sized buffer in the compute dtype
+    block = resolve_model("llama3-8b").layer_params()
+    assert ddp["fsdp_buffers"] == pytest.approx(2 * n + 2 * 2 * block)
     hsdp = rank_memory(_layout(dp_shard=4, dp_replicate=2), 0, 1.0, no_overhead).parts
     assert hsdp["optimizer"] == pytest.approx(8 * n / 4)
     # FSDP shards across CP ranks too
     cp = rank_memory(_layout(dp_shard=4, cp=2), 0, 1.0, no_overhead).parts
     assert cp["optimizer"] == pytest.approx(8 * n / 8)
+
+
+def test_gradients_are_not_live_at_the_peak_without_accumulation():
+    o = Overheads(memory_fragmentation=0.0, context_gib=0.0)
+    one = rank_memory(_layout(), 0, 1.0, o).parts  # n_micro = 1: peak at the start of backward
+    assert one["grads"] == 0.0
+    acc = rank_memory(_layout(global_batch=32), 0, 1.0, o).parts  # n_micro = 2
+    assert acc["grads"] == pytest.approx(4 * resolve_model("llama3-8b").num_params() / 8)
+    assert acc["activations"] == pytest.approx(one["activations"])
 
 
 def test_activations_scale_with_in_flight_and_tokens():
