@@ -7,6 +7,7 @@ one or many nodes) each process is a worker:
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import shlex
@@ -22,7 +23,7 @@ from meshplan.profiles.versions import check_profile_versions  # re-exported: th
 
 __all__ = ["main", "check_profile_versions"]
 
-MIN_BUDGET_S = 15.0  # torchrun start-up alone takes several seconds
+MIN_BUDGET_S = 20.0  # torchrun start-up alone takes 10-20 s on a busy 2-core host
 
 
 def build_parser() -> ArgumentParser:
@@ -97,7 +98,8 @@ def _device_limit(cuda: bool) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from meshplan.profiles.bench.launch import DEADLINE_ENV, in_torchrun, launch
+    started = time.time()  # the budget covers everything from here, torch import and torchrun start-up included
+    from meshplan.profiles.bench.launch import in_torchrun, launch
 
     args = build_parser().parse_args(argv)
     budget = _budget(args.time_budget)
@@ -125,9 +127,10 @@ def main(argv: list[str]) -> int:
     if nproc > limit:
         raise InputError("--nproc", f"at most {limit} on this node ({what}), got {nproc}")
     check_writable(out)
-    deadline = None if budget is None else time.time() + budget
+    deadline = None if budget is None else started + budget
     worker_argv = _strip_nproc(argv) + ["--out", out, "--name", name]
-    code = launch(nproc, worker_argv, deadline, max(1, (os.cpu_count() or 1) // nproc))
+    code = launch(nproc, worker_argv, deadline, max(1, (os.cpu_count() or 1) // nproc),
+                  "meshplan profile-cluster " + shlex.join(argv))
     if code != 0:
         print(f"meshplan profile-cluster: benchmark workers failed (exit {code})", file=sys.stderr)
         return 1
@@ -135,23 +138,18 @@ def main(argv: list[str]) -> int:
 
 
 def _strip_nproc(argv: list[str]) -> list[str]:
+    """The options the workers get: all but --nproc, which only the launcher understands."""
     out, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if a == "--nproc":
-            skip = True
-            continue
-        if a.startswith("--nproc="):
-            continue
-        out.append(a)
+    for a in argv:
+        if not skip and a != "--nproc" and not a.startswith("--nproc="):
+            out.append(a)
+        skip = a == "--nproc"
     return out
 
 
-def _worker(args, name: str, out: str, budget: float | None, max_nodes: int | None, node_link: str | None,
+def _worker(args: argparse.Namespace, name: str, out: str, budget: float | None, max_nodes: int | None, node_link: str | None,
             network_link: str, argv: list[str]) -> int:
-    from meshplan.profiles.bench.launch import DEADLINE_ENV, ERROR_FILE_ENV
+    from meshplan.profiles.bench.launch import COMMAND_ENV, DEADLINE_ENV, ERROR_FILE_ENV
     from meshplan.profiles.bench.worker import WorkerOptions, worker_main
 
     deadline = float(os.environ[DEADLINE_ENV]) if DEADLINE_ENV in os.environ else (
@@ -160,12 +158,15 @@ def _worker(args, name: str, out: str, budget: float | None, max_nodes: int | No
         check_writable(out)
     if int(os.environ["WORLD_SIZE"]) < 2:
         raise InputError("WORLD_SIZE", "collectives need at least 2 processes")
+    if int(os.environ.get("LOCAL_WORLD_SIZE", 2)) < 2:
+        raise InputError("--nproc-per-node", "needs at least 2 processes per node to measure the in-node link")
     opts = WorkerOptions(out=out, name=name, quick=args.quick, deadline=deadline, max_nodes=max_nodes,
                          node_link=node_link, network_link=network_link, description=args.description,
-                         command="meshplan profile-cluster " + shlex.join(argv))
-    try:
-        return worker_main(opts)
-    except InputError as exc:
-        if ERROR_FILE_ENV in os.environ and int(os.environ["RANK"]) == 0:
-            Path(os.environ[ERROR_FILE_ENV]).write_text(f"{exc.field}\t{exc.message}")
-        raise
+                         command=os.environ.get(COMMAND_ENV) or "meshplan profile-cluster " + shlex.join(argv))
+    error = worker_main(opts)
+    if error is None:
+        return 0
+    if ERROR_FILE_ENV in os.environ:  # our launcher: it raises this as one line once torchrun is done
+        Path(os.environ[ERROR_FILE_ENV]).write_text(f"{error.field}\t{error.message}")
+        return 0
+    raise error

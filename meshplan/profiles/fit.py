@@ -41,6 +41,8 @@ class FitError:
     max_rel: float
     mean_rel: float
     group_size: int = 0
+    noise: float | None = None  # mean relative standard error of the measured medians (filled by the caller)
+    pieces_max_rel: float | None = None  # worst error of the two-piece fit, when one was needed
 
 
 def _weighted_relative_lsq(x: np.ndarray, t: np.ndarray, w: np.ndarray) -> LinearFit:
@@ -67,7 +69,7 @@ def _minimax_relative(x: np.ndarray, t: np.ndarray) -> LinearFit:
 
     def best_b(a: float) -> tuple[float, float]:
         lo, hi = 1e-18, float(np.max(t / x)) * 2
-        for _ in range(100):
+        for _ in range(50):  # (2/3)^50: far below the noise of any measurement
             m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
             if _max_rel(LinearFit(a, m1), x, t) < _max_rel(LinearFit(a, m2), x, t):
                 hi = m2
@@ -77,7 +79,7 @@ def _minimax_relative(x: np.ndarray, t: np.ndarray) -> LinearFit:
         return b, _max_rel(LinearFit(a, b), x, t)
 
     lo, hi = 0.0, float(np.min(t))
-    for _ in range(60):
+    for _ in range(40):
         m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
         if best_b(m1)[1] < best_b(m2)[1]:
             hi = m2
@@ -198,3 +200,35 @@ def fit_attention(seq_lens: Sequence[float], fractions: Sequence[float]) -> Atte
         a, b = float(np.mean(y)), 0.0
     a = max(a, 1.0)  # max_fraction <= 1
     return AttentionFit(max_fraction=float(1.0 / a), half_seq=float(b / a))
+
+
+@dataclass
+class Segment:
+    """One size range of a piecewise latency + bandwidth fit."""
+
+    min_bytes: int
+    max_bytes: int
+    fit: LinearFit
+    max_rel: float
+
+
+def fit_two_pieces(nbytes: Sequence[float], effective_bytes: Sequence[float], times_s: Sequence[float]) -> list[Segment] | None:
+    """Split the >= 1 MiB points in two size ranges (>= 2 points each) where the worse range fits best.
+
+    For data with two regimes (e.g. cache-resident vs DRAM-bound buffers) that no single line fits.
+    """
+    size = np.asarray(nbytes, dtype=float)
+    order = np.argsort(size)
+    size, x, t = size[order], np.asarray(effective_bytes, dtype=float)[order], np.asarray(times_s, dtype=float)[order]
+    keep = size >= LARGE_BYTES
+    size, x, t = size[keep], x[keep], t[keep]
+    best: tuple[float, list[Segment]] | None = None
+    for i in range(2, len(t) - 1):
+        segs = []
+        for lo, hi in ((0, i), (i, len(t))):
+            f = _minimax_relative(x[lo:hi], t[lo:hi])
+            segs.append(Segment(int(size[lo]), int(size[hi - 1]), f, _max_rel(f, x[lo:hi], t[lo:hi])))
+        worst = max(s.max_rel for s in segs)
+        if best is None or worst < best[0]:
+            best = (worst, segs)
+    return None if best is None else best[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import statistics
 import sys
 from dataclasses import replace
 from typing import Any
@@ -21,13 +22,36 @@ from meshplan.profiles.versions import installed_versions
 from meshplan.yamlio import atomic_write_yaml
 
 
+TARGET = 0.10  # fits must reproduce >= 1 MiB measurements within this relative error
+
+
 def sig(x: float, digits: int = 4) -> float:
     """Round to significant digits: the profile stays readable and round-trips exactly through YAML."""
     return float(f"{float(x):.{digits}g}")
 
 
-def fit_collectives(points: list[dict], levels: list[str]) -> tuple[dict, dict]:
-    """Per level and collective: the fit over the largest group (pairs for send_recv), and its error."""
+def _latency_us(seconds: float) -> float:
+    """Microseconds to 4 digits; fits pinned at zero latency come out as float dust, written as 0."""
+    us = seconds * 1e6
+    return sig(us) if us >= 0.01 else 0.0
+
+
+def fit_group_size(collective: str, level_sizes: list[int], in_node: bool) -> int:
+    """The group a level's fit describes.
+
+    In a node: the whole node (TP / FSDP groups fill it), pairs for send_recv (pipeline neighbours).
+    Across nodes: one rank per node, all such groups at once, which is the per-device network figure the
+    cost model scales by ranks per node (cost_models/comm.py); the whole-world points stay as raw data.
+    """
+    if in_node and collective != "send_recv":
+        return max(level_sizes)
+    return min(level_sizes)
+
+
+def fit_collectives(points: list[dict], levels: list[str]) -> tuple[dict, dict, dict]:
+    """Per level (the first is the node level) and collective: the fit, its error over >= 1 MiB, and a
+    two-piece fit where one line misses TARGET (kept in provenance: the schema has one fit per collective)."""
+    piecewise: dict[str, dict[str, list[dict]]] = {}
     fits: dict[str, dict[str, dict]] = {}
     errors: dict[str, dict[str, fit.FitError]] = {}
     for level in levels:
@@ -36,33 +60,49 @@ def fit_collectives(points: list[dict], levels: list[str]) -> tuple[dict, dict]:
             ps = [p for p in points if p["level"] == level and p["collective"] == c]
             sizes = sorted({p["group_size"] for p in ps})
             if not sizes:
-                raise InputError("time-budget", f"no {c} measurement on {level}: allow more time")
-            n = sizes[0] if c == "send_recv" else sizes[-1]
+                raise InputError("--time-budget", f"no {c} measurement on {level}: allow more time")
+            n = fit_group_size(c, sizes, in_node=level == levels[0])
             ps = sorted((p for p in ps if p["group_size"] == n), key=lambda p: p["bytes"])
-            if len(ps) < 2:
-                raise InputError("time-budget", f"only {len(ps)} {c} size(s) on {level}: allow more time")
+            large = sum(p["bytes"] >= fit.LARGE_BYTES for p in ps)
+            if len(ps) < 2 or large < 2:
+                raise InputError("--time-budget", f"{c} on {level} reached {large} size(s) >= 1 MiB, the fit needs 2: "
+                                                  "allow more time")
             b = [p["bytes"] for p in ps]
             x = [p["bytes"] * bus_factor(c, n) for p in ps]
             t = [p["time_s"] for p in ps]
             f = fit.fit_latency_bandwidth(b, x, t)
-            fits[level][c] = {"bus_bandwidth_gbs": sig(f.busbw_gbs), "latency_us": sig(f.latency_s * 1e6)}
+            fits[level][c] = {"bus_bandwidth_gbs": sig(f.busbw_gbs), "latency_us": _latency_us(f.latency_s)}
             # errors of the fit as written (rounded), over the group the fit describes
             written = fit.LinearFit(fits[level][c]["latency_us"] * 1e-6, 1e-9 / fits[level][c]["bus_bandwidth_gbs"])
-            errors[level][c] = replace(fit.fit_error(written, b, x, t), group_size=n)
-    return fits, errors
+            noise = [p["median_se"] for p in ps if p["bytes"] >= fit.LARGE_BYTES and p.get("median_se") is not None]
+            errors[level][c] = replace(fit.fit_error(written, b, x, t), group_size=n,
+                                       noise=statistics.mean(noise) if noise else None,
+                                       pieces_max_rel=None)
+            if errors[level][c].max_rel > TARGET:
+                pieces = fit.fit_two_pieces(b, x, t)
+                if pieces:
+                    piecewise.setdefault(level, {})[c] = [
+                        {"min_bytes": p.min_bytes, "max_bytes": p.max_bytes, "bus_bandwidth_gbs": sig(p.fit.busbw_gbs),
+                         "latency_us": _latency_us(p.fit.latency_s), "max_rel": sig(p.max_rel, 3)} for p in pieces]
+                    errors[level][c].pieces_max_rel = max(p.max_rel for p in pieces)
+    return fits, errors, piecewise
 
 
 def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
     best = {dt: max(p["tflops"] for p in raw.matmul_points if p["dtype"] == dt)
             for dt in raw.dtypes if any(p["dtype"] == dt for p in raw.matmul_points)}
     if not best:
-        raise InputError("time-budget", "no matmul measurement finished: allow more time")
+        raise InputError("--time-budget", "no matmul measurement finished: allow more time")
+    if not raw.attention_points:
+        raise InputError("--time-budget", "no attention measurement finished: allow more time")
     guess = gpu_datasheet_peaks(raw.device_name) if env.is_cuda else cpu_peaks(cores_per_device(env.local_world), list(best))
     peaks = resolve_peaks(guess, best)
     mm_fit = fit.fit_matmul(raw.matmul_points, peaks.tflops)
     att_peak = peaks.tflops[raw.attention_dtype]
     fractions = [p["tflops"] / att_peak for p in raw.attention_points]
     att_fit = fit.fit_attention([p["seq_len"] for p in raw.attention_points], fractions)
+    ratios = [p["bwd_tflops"] / p["tflops"] for p in raw.attention_points]
+    bwd_ratio = min(1.0, statistics.median(ratios))  # the schema keeps it a fraction
     round_pt = lambda p: {k: (sig(v) if isinstance(v, float) else v) for k, v in p.items()}  # noqa: E731
     device = {
         "name": raw.device_name,
@@ -71,9 +111,10 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
         "peak_tflops": {dt: sig(v) for dt, v in peaks.tflops.items()},
         "memory_bandwidth_gbs": sig(raw.copy_gbs),
         "matmul": {"max_fraction": {dt: sig(v) for dt, v in mm_fit.max_fraction.items()},
-                   "half_dim": sig(mm_fit.half_dim),
+                   "half_dim": sig(mm_fit.half_dim) if mm_fit.half_dim >= 0.01 else 0.0,  # no small-dim drop
                    "points": [round_pt(p) for p in sorted(raw.matmul_points, key=lambda p: (p["dtype"], p["m"], p["n"], p["k"]))]},
-        "attention": {"max_fraction": sig(att_fit.max_fraction), "half_seq": sig(att_fit.half_seq),
+        "attention": {"max_fraction": sig(att_fit.max_fraction), "half_seq": sig(att_fit.half_seq) if att_fit.half_seq >= 0.01 else 0.0,
+                      "backward_ratio": sig(bwd_ratio),
                       "points": [round_pt(p) for p in sorted(raw.attention_points, key=lambda p: p["seq_len"])]},
         "memory_bound_efficiency": sig(raw.elementwise_efficiency),
     }
@@ -86,9 +127,11 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
         "device.matmul": f"measured: torch.mm over {len(raw.matmul_points)} (shape, dtype) points from transformer "
                          f"projections at TP degrees; median over ranks run concurrently; fit rms log error "
                          f"{mm_fit.rms_log_error:.3f}" + ("; " + "; ".join(raw.notes) if raw.notes else ""),
-        "device.attention": f"measured: F.scaled_dot_product_attention(is_causal=True) fwd+bwd in {raw.attention_dtype}; "
-                            "FLOPs = 3.5 x causal forward (2*b*h*s^2*d), FlashAttention convention; "
-                            f"fraction of the {raw.attention_dtype} peak",
+        "device.attention": f"measured: F.scaled_dot_product_attention(is_causal=True) in {raw.attention_dtype}; "
+                            "points' tflops = forward rate, forward FLOPs = 2*b*h*s^2*d (causal half of 4*b*h*s^2*d); "
+                            "backward FLOPs = 2.5 x forward, timed as (fwd+bwd) - fwd; backward_ratio = median "
+                            f"backward / forward rate over lengths{' (capped at 1)' if min(ratios) > 1 else ''}; "
+                            f"max_fraction of the {raw.attention_dtype} peak",
         "overheads.context_gib": raw.memory.source.split(";")[-1].strip(),
     }
     return device, prov
@@ -112,15 +155,16 @@ def _versions() -> dict[str, Any]:
     if torch.cuda.is_available():
         v = torch.cuda.nccl.version()
         nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
-    return {**installed_versions(), "torch_runtime": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl,
-            "gloo": f"bundled with torch {torch.__version__}" if not torch.cuda.is_available() else None}
+    return {**installed_versions(), "torch_runtime": str(torch.__version__),
+            "cuda": None if torch.version.cuda is None else str(torch.version.cuda), "nccl": nccl,
+            "gloo": None if torch.cuda.is_available() else f"bundled with torch {torch.__version__}"}
 
 
 def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[ClusterProfile, dict, dict]:
     """(profile, the dict it was built from, fit errors per level and collective)."""
     node_link = opts.node_link or ("nvlink" if env.is_cuda else "loopback")
     measured = [node_link] + ([opts.network_link] if env.nnodes >= 2 else [])
-    fits, errors = fit_collectives(raw.collective_points, measured)
+    fits, errors, piecewise = fit_collectives(raw.collective_points, measured)
     max_nodes = opts.max_nodes or env.nnodes
     copy_network = env.nnodes < 2 and max_nodes > 1
     links = _links_section(fits, measured, node_link, opts.network_link, copy_network)
@@ -135,13 +179,20 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "versions": _versions(),
         "collectives": "measured: median of timed batches after a barrier, max over ranks; fitted "
                        "time = latency + bus_factor * bytes / busbw in relative error, sizes >= 1 MiB weighted "
-                       "up to 10 %; fit over the largest group per level (pairs for send_recv)",
+                       "up to 10 %; node level fitted on the whole node (pairs for send_recv), network level on "
+                       "one rank per node (per-device figure)",
         "collectives.fit_error_ge_1MiB": {lv: {c: {"group_size": e.group_size, "points": e.n_points,
-                                                   "max_rel": sig(e.max_rel, 3), "mean_rel": sig(e.mean_rel, 3)}
+                                                   "max_rel": sig(e.max_rel, 3), "mean_rel": sig(e.mean_rel, 3),
+                                                   "median_se": None if e.noise is None else sig(e.noise, 3)}
                                                for c, e in errs.items()} for lv, errs in errors.items()},
         "links": "bandwidth and latency of each level = its send_recv fit",
         "elapsed_s": round(raw.elapsed_s, 1),
     })
+    if piecewise:
+        prov["collectives.piecewise"] = piecewise
+        prov["collectives.piecewise_note"] = (f"where one latency + bandwidth line misses {TARGET:.0%} at >= 1 MiB, "
+                                              "the best split into two size ranges (the profile's fit stays the "
+                                              "single line with the smallest worst-case error)")
     if copy_network:
         prov[f"links.{opts.network_link}"] = (f"not measured (single-node run): copied from {node_link}; "
                                               "processes on one host talk over the same link")
@@ -165,10 +216,16 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
 
 
 def format_fit_table(errors: dict) -> str:
-    lines = [f"{'level':<10} {'collective':<15} {'group':>5} {'points>=1MiB':>12} {'max err':>8} {'mean err':>9}"]
+    lines = [f"{'level':<10} {'collective':<15} {'group':>5} {'points>=1MiB':>12} {'max err':>8} {'mean err':>9} "
+             f"{'median se':>10} {'2-piece max':>12}"]
     for level, errs in errors.items():
         for c, e in errs.items():
-            lines.append(f"{level:<10} {c:<15} {e.group_size:>5} {e.n_points:>12} {e.max_rel:>8.1%} {e.mean_rel:>9.1%}")
+            noise = "n/a" if e.noise is None else f"{e.noise:.1%}"
+            pieces = "-" if e.pieces_max_rel is None else f"{e.pieces_max_rel:.1%}"
+            lines.append(f"{level:<10} {c:<15} {e.group_size:>5} {e.n_points:>12} {e.max_rel:>8.1%} {e.mean_rel:>9.1%} "
+                         f"{noise:>10} {pieces:>12}")
+    lines.append("(median se: standard error of the measured medians, from the spread of per-round medians; "
+                 "2-piece max: worst error of a two-size-range fit, where one line misses 10 %)")
     return "\n".join(lines)
 
 

@@ -62,7 +62,7 @@ def bench_matmul(env: BenchEnv, shapes: list[tuple[int, int, int]], dtypes: list
     points = []
     for dt in dtypes:
         for m, n, k in shapes:
-            cost = _matmul_cost(m, n, k, est_tflops[dt], settings)
+            cost = matmul_cost(m, n, k, est_tflops[dt], settings)
             if not env.agree(budget.allows(cost)):
                 rep.skip(f"matmul {dt} {m}x{n}x{k} and later shapes (time budget)")
                 break
@@ -73,28 +73,34 @@ def bench_matmul(env: BenchEnv, shapes: list[tuple[int, int, int]], dtypes: list
     return points
 
 
-def _matmul_cost(m: int, n: int, k: int, tflops: float, settings: ComputeSettings) -> float:
+def matmul_cost(m: int, n: int, k: int, tflops: float, settings: ComputeSettings) -> float:
     one = 2.0 * m * n * k / (tflops * 1e12)
     return max(settings.target_s, settings.min_reps * one) + 2 * one  # + warm-up and allocation
 
 
-def attention_flops(batch: int, heads: int, seq: int, head_dim: int) -> float:
-    """Causal fwd+bwd FLOPs, FlashAttention's convention.
+# Attention backward does 2.5x the forward's FLOPs (five s^2 GEMMs against two): FlashAttention's
+# convention, and the cost model's (cost_models/timing.py ATTENTION_BWD_FACTOR).
+ATTENTION_BWD_FLOPS = 2.5
 
-    Forward: QK^T and PV are 2 * 2*b*h*s^2*d = 4*b*h*s^2*d, halved for causal -> 2*b*h*s^2*d.
-    Backward: 2.5x the forward (five s^2 GEMMs against two); fwd+bwd = 3.5x the forward.
-    """
-    return 3.5 * 2.0 * batch * heads * seq * seq * head_dim
+
+def attention_forward_flops(batch: int, heads: int, seq: int, head_dim: int) -> float:
+    """Causal forward FLOPs: QK^T and PV are 2 * 2*b*h*s^2*d = 4*b*h*s^2*d, halved for the causal mask."""
+    return 2.0 * batch * heads * seq * seq * head_dim
 
 
 def bench_attention(env: BenchEnv, seq_lens: list[int], dtype: str, settings: ComputeSettings, budget: Budget,
                     rep: Reporter, est_tflops: float) -> list[dict]:
-    """F.scaled_dot_product_attention(is_causal=True) forward + backward throughput per sequence length."""
+    """F.scaled_dot_product_attention(is_causal=True): forward, and forward + backward, per sequence length.
+
+    `tflops` is the forward rate (what AttentionModel.max_fraction describes); `bwd_tflops` is the backward
+    rate, from (fwd+bwd time - fwd time) and 2.5x the forward FLOPs.
+    """
     batch, heads, head_dim = (1, 32, 128) if env.is_cuda else (1, 4, 64)
     points = []
     for s in seq_lens:
-        flops = attention_flops(batch, heads, s, head_dim)
-        cost = max(settings.target_s, settings.min_reps * flops / (est_tflops * 1e12)) + 2 * flops / (est_tflops * 1e12)
+        fwd_flops = attention_forward_flops(batch, heads, s, head_dim)
+        one = (1 + ATTENTION_BWD_FLOPS) * fwd_flops / (est_tflops * 1e12)
+        cost = 2 * (max(settings.target_s, settings.min_reps * one) + 2 * one)
         if not env.agree(budget.allows(cost)):
             rep.skip(f"attention seq {s} and longer (time budget)")
             break
@@ -102,15 +108,20 @@ def bench_attention(env: BenchEnv, seq_lens: list[int], dtype: str, settings: Co
                                requires_grad=True) for _ in range(3))
         grad = torch.randn(batch, heads, s, head_dim, dtype=TORCH_DTYPES[dtype], device=env.device)
 
-        def step() -> None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            out.backward(grad)
+        def forward() -> None:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)  # inputs need grad: the training kernel
 
-        meas = time_local(step, env.sync, settings.target_s, settings.min_reps)
-        tflops = flops / meas.median_s / 1e12
-        est_tflops = max(est_tflops * 0.5, tflops)
+        def step() -> None:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+        fwd = time_local(forward, env.sync, settings.target_s, settings.min_reps)
+        both = time_local(step, env.sync, settings.target_s, settings.min_reps)
+        bwd_s = max(both.median_s - fwd.median_s, 1e-9)
+        fwd_tflops = fwd_flops / fwd.median_s / 1e12
+        est_tflops = max(est_tflops * 0.5, fwd_tflops)
         points.append({"seq_len": s, "batch": batch, "heads": heads, "head_dim": head_dim, "dtype": dtype,
-                       "tflops": tflops, "spread": meas.spread})
+                       "tflops": fwd_tflops, "bwd_tflops": ATTENTION_BWD_FLOPS * fwd_flops / bwd_s / 1e12,
+                       "spread": max(fwd.spread, both.spread)})
         rep.advance(cost)
     return points
 

@@ -14,6 +14,7 @@ from meshplan.errors import InputError
 
 DEADLINE_ENV = "MESHPLAN_PROFILE_DEADLINE"  # time.time() by which the workers must be done
 ERROR_FILE_ENV = "MESHPLAN_PROFILE_ERROR_FILE"  # rank 0 writes a one-line InputError message here
+COMMAND_ENV = "MESHPLAN_PROFILE_COMMAND"  # the command line the user typed, for provenance
 GRACE_S = 20.0  # process start-up and teardown on top of the workers' own deadline
 
 
@@ -21,13 +22,14 @@ def in_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def launch(nproc: int, worker_argv: list[str], deadline: float | None, threads_per_proc: int) -> int:
+def launch(nproc: int, worker_argv: list[str], deadline: float | None, threads_per_proc: int, command: str) -> int:
     """Run `python -m meshplan profile-cluster <worker_argv>` as `nproc` torchrun workers; return their exit code."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "--monitor-interval=0.1",  # notice finished workers at once, not seconds later
            "-m", "meshplan", "profile-cluster", *worker_argv]
     with tempfile.TemporaryDirectory(prefix="meshplan-profile-") as tmp:
         err_file = Path(tmp) / "error.txt"
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_proc), **{ERROR_FILE_ENV: str(err_file)})
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_proc), **{ERROR_FILE_ENV: str(err_file), COMMAND_ENV: command})
         if deadline is not None:
             env[DEADLINE_ENV] = repr(deadline)
         # own session: on timeout the whole tree (agent and workers) goes, and nothing else
@@ -37,7 +39,7 @@ def launch(nproc: int, worker_argv: list[str], deadline: float | None, threads_p
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise InputError("time-budget", "benchmarks overran the time budget and were stopped")
+            raise InputError("--time-budget", "benchmarks overran the time budget and were stopped")
         except KeyboardInterrupt:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()

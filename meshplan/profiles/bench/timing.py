@@ -51,7 +51,8 @@ class Budget:
     """A deadline (time.time() seconds) and a reserve kept back for fitting and writing the profile."""
 
     deadline: float | None
-    reserve_s: float = 3.0
+    # fit, write, then worker, torchrun-agent and launcher exit: 10 s measured on a busy 2-core host
+    reserve_s: float = 12.0
 
     def remaining(self) -> float:
         return math.inf if self.deadline is None else self.deadline - self.reserve_s - time.time()

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from meshplan.errors import InputError
+
 from meshplan.profiles.bench import collectives as coll
 from meshplan.profiles.bench import compute
 from meshplan.profiles.bench.env import BenchEnv, init_env, shutdown
@@ -51,7 +53,7 @@ class RawResults:
     elapsed_s: float
 
 
-def _median_over_ranks(points: list[dict], keys: tuple[str, ...]) -> list[dict]:
+def _median_over_ranks(points: list[dict], keys: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[dict]:
     """Gather every rank's points and keep, per key, the median throughput (a slow device shows in spread)."""
     gathered: list[list[dict]] = [[] for _ in range(dist.get_world_size())]
     dist.all_gather_object(gathered, points)
@@ -62,7 +64,8 @@ def _median_over_ranks(points: list[dict], keys: tuple[str, ...]) -> list[dict]:
     out = []
     for group in merged.values():
         p = dict(group[0])
-        p["tflops"] = statistics.median(q["tflops"] for q in group)
+        for key in ("tflops",) + extra:
+            p[key] = statistics.median(q[key] for q in group)
         p["spread"] = max(q["spread"] for q in group)
         out.append(p)
     return out
@@ -81,26 +84,29 @@ def _compute_section(env: BenchEnv, opts: WorkerOptions, budget: Budget, rep: Re
     shapes = matmul_grid(env.is_cuda, opts.quick)
     seqs = attention_seq_lens(env.is_cuda, opts.quick)
     est = {dt: (400.0 if dt == "bf16" else 40.0) if env.is_cuda else (0.05 if dt == "fp32" else 0.01) for dt in dtypes}
-    total = sum(compute._matmul_cost(m, n, k, est[dt], settings) for dt in dtypes for m, n, k in shapes)
+    total = sum(compute.matmul_cost(m, n, k, est[dt], settings) for dt in dtypes for m, n, k in shapes)
     rep.start("matmul + attention", total + len(seqs) * settings.target_s * 3)
-    matmul = compute.bench_matmul(env, shapes, dtypes, settings, budget, rep, est)
+    # shares of the compute budget, so a tight budget still leaves attention and bandwidth some points
+    matmul = compute.bench_matmul(env, shapes, dtypes, settings, budget.section(0.6), rep, est)
     att_dtype = "bf16" if "bf16" in dtypes and env.is_cuda else "fp32"
-    attention = compute.bench_attention(env, seqs, att_dtype, settings, budget, rep, est[att_dtype] * 0.5)
+    attention = compute.bench_attention(env, seqs, att_dtype, settings, budget.section(0.75), rep, est[att_dtype] * 0.5)
     copy_gbs, _ = compute.bench_copy_bandwidth(env, settings)
     eff = compute.bench_elementwise_efficiency(env, settings, copy_gbs)
     rep.stop()
     return (dtypes, notes, _median_over_ranks(matmul, ("m", "n", "k", "dtype")),
-            _median_over_ranks(attention, ("seq_len", "dtype")), att_dtype, _scalar_median(copy_gbs),
+            _median_over_ranks(attention, ("seq_len", "dtype"), extra=("bwd_tflops",)), att_dtype, _scalar_median(copy_gbs),
             _scalar_median(eff))
 
 
 def _collective_section(env: BenchEnv, opts: WorkerOptions, sets: list[coll.GroupSet], budget: Budget,
                         rep: Reporter) -> list[dict]:
-    settings = (coll.CollectiveSettings(coll.QUICK_SIZES, target_s=0.25, min_reps=9) if opts.quick
-                else coll.CollectiveSettings(coll.FULL_SIZES, target_s=1.0, min_reps=15))
-    rep.start("collectives", coll.estimate_total_s(sets, settings))
     dtype = torch.bfloat16 if env.is_cuda else torch.float32
-    points = coll.bench_collectives(env, sets, settings, budget, rep, dtype)
+    settings = (coll.CollectiveSettings(coll.QUICK_SIZES, target_s=0.4, min_reps=16, rounds=8, dtype=dtype)
+                if opts.quick else coll.CollectiveSettings(coll.FULL_SIZES, target_s=1.0, min_reps=10, rounds=5, dtype=dtype))
+    pr = coll.probe(env, sets[0], dtype)
+    settings = coll.fit_to_budget(sets, settings, pr, budget.remaining())
+    rep.start("collectives", coll.estimate_total_s(sets, settings, pr))
+    points = coll.bench_collectives(env, sets, settings, budget, rep)
     rep.stop()
     return points
 
@@ -140,18 +146,23 @@ def _cpu_name() -> str:
     return f"{platform.processor() or platform.machine()} (CPU process)"
 
 
-def worker_main(opts: WorkerOptions) -> int:
-    """Entry point on every rank; returns the exit code."""
+def worker_main(opts: WorkerOptions) -> InputError | None:
+    """Entry point on every rank. Rank 0 returns the input error (e.g. too little time) that stopped it,
+    after every rank has finished cleanly, so the launcher can report it as one line."""
     from meshplan.profiles.bench.builder import build_and_write
 
     env = init_env()
     rep = Reporter(enabled=env.is_main)
+    error = None
     try:
         raw = run_benchmarks(env, opts, rep)
         if env.is_main:
-            build_and_write(env, opts, raw, rep)
+            try:
+                build_and_write(env, opts, raw, rep)
+            except InputError as exc:
+                error = exc
         dist.barrier()
     finally:
         rep.stop()
         shutdown()
-    return 0
+    return error
