@@ -6,8 +6,10 @@ import argparse
 import sys
 from typing import NoReturn
 
+from meshplan.errors import one_line
+
 
 class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(one_line(f"{self.prog}: error: {message}"), file=sys.stderr)
         raise SystemExit(2)

@@ -1,16 +1,32 @@
-"""Distributed checkpoints with torch.distributed.checkpoint (DCP).
+"""Distributed checkpoints with torch.distributed.checkpoint (DCP), safe against crashes and
+loadable under any other plan.
 
-A checkpoint is DIR/checkpoints/step-NNNNNNNN/: model and optimizer state (sharded as they live,
-via get_state_dict / set_state_dict, so any layout can write its own shards) plus the LR
-schedulers, the step and the data position. It is written to a hidden temp dir and renamed when
-every rank has finished, so a directory named step-* is always complete.
+A checkpoint is DIR/checkpoints/step-NNNNNNNN/ holding
+  - model and optimizer state as DCP shards (`*.distcp` + `.metadata`), keyed by the parameter's
+    fully-qualified name in the plain model (get_model_state_dict / get_optimizer_state_dict strip
+    FSDP, activation-checkpoint and compile wrappers; pipeline stages keep whole-model FQNs). DCP
+    stores each tensor's global shape and every shard's offsets, so a checkpoint written by one
+    layout (FSDP x TP on 4 ranks, PP on 2, ...) loads into any other: resharding on load.
+  - the LR scheduler state, the step and the data position (the index of the next global batch;
+    data.py reads the same global batch at a step under every plan),
+  - meta.json: the plan it was written under, world size, global batch and sequence length,
+  - .complete: written last, after every rank's shards are fsync'ed (DCP's FileSystemWriter
+    fsyncs each file, sync_files=True).
+
+Publishing: every rank writes into the hidden `.tmp-step-N`; after a barrier rank 0 writes
+meta.json and .complete (fsync'ed), fsyncs the directory and renames it to `step-N` (atomic), then
+fsyncs the parent. A crash at any point leaves either no `step-N` or a complete one, and the
+older checkpoints untouched; `latest` only returns directories holding `.complete`. The run
+directory must be on a filesystem every rank sees (as DCP itself requires on several nodes).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +37,16 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
+from meshplan.errors import InputError
+from meshplan.runtime.faults import maybe_fail
+
 STEP_DIR = re.compile(r"^step-(\d{8})$")
+TMP_PREFIX = ".tmp-step-"
+COMPLETE = ".complete"
+META = "meta.json"
 # Flat optimizer keys ("state.<fqn>.exp_avg") so the state of several model parts (pipeline
-# stages on one rank, each with its own optimizer) merges into one dict without collisions.
+# stages on one rank, each with its own optimizer) merges into one dict without collisions, and
+# a plan with another stage split finds every parameter's state under the same key.
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -33,45 +56,125 @@ def _state(parts: list[nn.Module], optimizers: list, schedulers: list, step: int
     for part, opt in zip(parts, optimizers):
         model.update(get_model_state_dict(part, options=OPTIONS))
         optim.update(get_optimizer_state_dict(part, opt, options=OPTIONS))
+    # One scheduler state, not one per part: every part's scheduler is identical, and the number
+    # of parts per rank changes with the plan (virtual pipeline stages).
     return {"model": model, "optim": optim,
-            "train": {"step": step, "data_position": data_position,
-                      "lr_schedulers": [s.state_dict() for s in schedulers]}}
+            "train": {"step": step, "data_position": data_position, "lr_scheduler": schedulers[0].state_dict()}}
 
 
-def save(root: Path, parts: list[nn.Module], optimizers: list, schedulers: list, step: int, data_position: int) -> Path:
-    """Write checkpoint `step` under root/checkpoints atomically; returns its directory."""
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save(root: Path, parts: list[nn.Module], optimizers: list, schedulers: list, step: int, data_position: int,
+         meta: dict[str, Any] | None = None) -> Path:
+    """Write checkpoint `step` under root/checkpoints and publish it atomically; returns its directory."""
     ckpt_root = root / "checkpoints"
     final = ckpt_root / f"step-{step:08d}"
-    tmp = ckpt_root / f".tmp-step-{step:08d}"
-    if dist.get_rank() == 0:
+    tmp = ckpt_root / f"{TMP_PREFIX}{step:08d}"
+    rank = dist.get_rank()
+    if rank == 0:
         ckpt_root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_stale_temps(ckpt_root)
     dist.barrier()
     dcp.save(_state(parts, optimizers, schedulers, step, data_position), checkpoint_id=str(tmp))
+    maybe_fail("raise_in_save", rank, step)
     dist.barrier()
-    if dist.get_rank() == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+    if rank == 0:
+        _publish(tmp, final, {**(meta or {}), "step": step, "data_position": data_position,
+                              "world_size": dist.get_world_size(), "written_at": time.time()})
     dist.barrier()
     return final
 
 
+def _remove_stale_temps(ckpt_root: Path) -> None:
+    """Temp dirs left by a crashed save are never loaded; remove them before writing anew."""
+    for p in ckpt_root.iterdir():
+        if p.name.startswith(TMP_PREFIX) or p.name.startswith(".old-step-"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _publish(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
+    _write_synced(tmp / META, json.dumps(meta, indent=1) + "\n")
+    _write_synced(tmp / COMPLETE, "")
+    _fsync_path(tmp)
+    old = None
+    if final.exists():  # re-saving a step (e.g. a run repeated with the same --out): keep the old until replaced
+        old = final.with_name(f".old-{final.name}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_path(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def is_complete(path: Path) -> bool:
+    return STEP_DIR.match(path.name) is not None and (path / COMPLETE).is_file() and (path / ".metadata").is_file()
+
+
 def latest(root: Path) -> Path | None:
-    """The newest complete checkpoint under root/checkpoints (temp dirs are ignored)."""
+    """The newest complete checkpoint under root/checkpoints (temp dirs and unmarked dirs are ignored)."""
     ckpt_root = root / "checkpoints"
     if not ckpt_root.is_dir():
         return None
-    found = sorted(p for p in ckpt_root.iterdir() if STEP_DIR.match(p.name) and (p / ".metadata").exists())
+    found = sorted(p for p in ckpt_root.iterdir() if is_complete(p))
     return found[-1] if found else None
 
 
+def read_meta(path: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((path / META).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError("--resume", f"{path} has no readable {META} ({exc.__class__.__name__})")
+    if not isinstance(meta, dict):
+        raise InputError("--resume", f"{path / META} must hold a JSON object")
+    return meta
+
+
+def check_compatible(path: Path, model: dict[str, Any], seq_len: int, global_batch: int) -> dict[str, Any]:
+    """A checkpoint resumes under any layout, but only for the same model and the same data order:
+    the model shape, sequence length and global batch must equal the ones it was written with."""
+    meta = read_meta(path)
+    written = {"model": _shape(meta.get("model")), "seq_len": meta.get("seq_len"), "global_batch": meta.get("global_batch")}
+    now = {"model": _shape(model), "seq_len": seq_len, "global_batch": global_batch}
+    for key in ("model", "seq_len", "global_batch"):
+        if written[key] != now[key]:
+            field = "model" if key == "model" else f"training.{key}"
+            raise InputError(field, f"the checkpoint {path.name} was written with {key} {written[key]!r}, the plan has "
+                                    f"{now[key]!r}; a resumed run must keep the model, seq_len and global_batch "
+                                    "(the layout may change)")
+    return meta
+
+
+def _shape(model: Any) -> Any:
+    """A model spec without its name: a model named differently (alias, config.json) is the same model."""
+    return {k: v for k, v in model.items() if k != "name"} if isinstance(model, dict) else model
+
+
 def load(path: Path, parts: list[nn.Module], optimizers: list, schedulers: list) -> tuple[int, int]:
-    """Restore model, optimizer and schedulers in place; returns (step, data_position)."""
+    """Restore model, optimizer and schedulers in place (resharding to this layout); returns
+    (step, data_position)."""
     state = _state(parts, optimizers, schedulers, 0, 0)
-    dcp.load(state, checkpoint_id=str(path))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as exc:  # missing keys / shape mismatch: the checkpoint is not of this model
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise InputError("--resume", f"cannot load {path}: {first[:300]}")
     for part, opt in zip(parts, optimizers):
         set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
         set_optimizer_state_dict(part, opt, state["optim"], options=OPTIONS)
-    for sched, sd in zip(schedulers, state["train"]["lr_schedulers"]):
-        sched.load_state_dict(sd)
+    for sched in schedulers:
+        sched.load_state_dict(state["train"]["lr_scheduler"])
     return int(state["train"]["step"]), int(state["train"]["data_position"])

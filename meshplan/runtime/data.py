@@ -60,7 +60,11 @@ class TokenFileData:
         for i in range(start, start + count):
             offset = ((step * self.spec.global_batch + i) * s) % span
             out.append(torch.from_numpy(np.asarray(self.tokens[offset:offset + s + 1], dtype=np.int64)))
-        return torch.stack(out)
+        rows = torch.stack(out)
+        if int(rows.max()) >= self.spec.vocab_size:  # an out-of-range id would crash the embedding lookup
+            raise InputError("--data", f"holds token id {int(rows.max())} at step {step}; the model's vocab_size is "
+                                       f"{self.spec.vocab_size} (wrong file or --data-dtype?)")
+        return rows
 
 
 def make_source(data: str, spec: BatchSpec, seed: int, dtype: str = "auto"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from meshplan.errors import InputError
 from meshplan.specs.plan import Plan
@@ -28,6 +29,24 @@ class RunOptions:
 
     def lr_warmup_steps(self) -> int:
         return self.warmup_steps if self.warmup_steps is not None else max(1, self.steps // 10)
+
+    def to_argv(self) -> list[str]:
+        """The `meshplan run` flags that reproduce these options (what torchrun workers are given):
+        paths made absolute, so a worker started elsewhere (another node, sbatch) finds them."""
+        argv = ["--steps", str(self.steps), "--seed", str(self.seed), "--lr", repr(self.lr),
+                "--max-grad-norm", repr(self.max_grad_norm), "--timing-warmup", str(self.timing_warmup),
+                "--track-memory", self.track_memory, "--checkpoint-every", str(self.checkpoint_every),
+                "--data", self.data if self.data == "synthetic" else str(Path(self.data).resolve()),
+                "--data-dtype", self.data_dtype]
+        if self.out:
+            argv += ["--out", str(Path(self.out).resolve())]
+        if self.warmup_steps is not None:
+            argv += ["--warmup-steps", str(self.warmup_steps)]
+        if self.resume:
+            argv.append("--resume")
+        if self.quiet:
+            argv.append("--quiet")
+        return argv
 
 
 def check_runnable(plan: Plan) -> None:

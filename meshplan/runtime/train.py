@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from meshplan.runtime import checkpoint
 from meshplan.runtime.context_parallel import shard_sequence
 from meshplan.runtime.data import BatchSpec, local_rows, make_source
+from meshplan.runtime.faults import maybe_fail
 from meshplan.runtime.mesh import Meshes, ParallelDims, build_mesh
 from meshplan.runtime.metrics import (GIB, LiveTensorMemory, MetricsLog, StepMetrics, flops_per_token,
                                       load_profile_or_none, peak_flops_per_device)
@@ -27,6 +29,7 @@ from meshplan.runtime.options import RunOptions, check_runnable
 from meshplan.runtime.parallelize import ModelParts, parallelize_model
 from meshplan.runtime.pipeline import build_schedule
 from meshplan.specs.plan import Plan
+from meshplan.yamlio import atomic_write_text
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -118,9 +121,11 @@ class Trainer:
         """Sum over micro-batches of their mean loss (None on ranks without the last stage)."""
         if self.schedule is not None:
             losses: list[torch.Tensor] = []
-            kwargs: dict[str, Any] = {}
+            # The trainer only needs the losses: returning outputs would keep every micro-batch's
+            # logits alive on the last stage until the step ends.
+            kwargs: dict[str, Any] = {"return_outputs": False}
             if self.model.has_last:
-                kwargs = {"target": targets, "losses": losses}
+                kwargs.update(target=targets, losses=losses)
             args = (inputs,) if self.model.has_first else ()
             with self._loss_ctx():
                 self.schedule.step(*args, **kwargs)
@@ -171,14 +176,11 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
     trainer = Trainer(plan, opts, device)
     rank0 = dist.get_rank() == 0
     out = Path(opts.out) if opts.out else None
-    start = 0
-    if opts.resume:
-        found = checkpoint.latest(out) if out else None
-        if found is not None:
-            start, _ = checkpoint.load(found, trainer.model.parts, trainer.optimizers, trainer.schedulers)
-            if rank0 and not opts.quiet:
-                print(f"resumed from {found} at step {start}", flush=True)
+    start = resume(trainer, out) if opts.resume and out else 0
+    if rank0 and out and start > 0:
+        trim_metrics(out / "metrics.jsonl", start)
     log = MetricsLog(opts.out if rank0 else None, quiet=opts.quiet or not rank0, append=opts.resume and start > 0)
+    meta = checkpoint_meta(plan)
     t = plan.training
     tokens = t.global_batch * t.seq_len
     fpt, _ = flops_per_token(plan)
@@ -205,10 +207,61 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
         if rank0:
             log.log(row)
         if out and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0 and step + 1 < opts.steps:
-            checkpoint.save(out, trainer.model.parts, trainer.optimizers, trainer.schedulers, step + 1, step + 1)
+            checkpoint.save(out, trainer.model.parts, trainer.optimizers, trainer.schedulers, step + 1, step + 1, meta)
+        maybe_fail("kill_after_step", dist.get_rank(), step + 1)
     if out and start < opts.steps:
-        checkpoint.save(out, trainer.model.parts, trainer.optimizers, trainer.schedulers, opts.steps, opts.steps)
+        checkpoint.save(out, trainer.model.parts, trainer.optimizers, trainer.schedulers, opts.steps, opts.steps, meta)
     return log.rows
+
+
+def resume(trainer: Trainer, out: Path) -> int:
+    """Load the newest complete checkpoint in `out` (written under any plan with the same model,
+    seq_len and global batch) into this layout; returns the step to continue from (0 if none)."""
+    found = checkpoint.latest(out)
+    if found is None:
+        if dist.get_rank() == 0 and not trainer.opts.quiet:
+            print(f"no complete checkpoint in {out / 'checkpoints'}: starting from step 0", flush=True)
+        return 0
+    t = trainer.plan.training
+    meta = checkpoint.check_compatible(found, trainer.plan.model.to_dict(), t.seq_len, t.global_batch)
+    start, data_position = checkpoint.load(found, trainer.model.parts, trainer.optimizers, trainer.schedulers)
+    # The data position is the index of the next global batch; data.py makes it the same batch
+    # under every plan, so continuing at `start` neither skips nor repeats a sequence.
+    assert data_position == start, (data_position, start)
+    if dist.get_rank() == 0:  # said even with --quiet: where a run continues from matters
+        was = meta.get("parallel")
+        replanned = f" (written under {_layout(was)}, {meta.get('world_size')} ranks)" if was != asdict(trainer.plan.parallel) else ""
+        print(f"resumed from {found} at step {start}{replanned}", flush=True)
+    return start
+
+
+def checkpoint_meta(plan: Plan) -> dict[str, Any]:
+    """What a checkpoint records about the plan it was written under (meta.json)."""
+    return {"model": plan.model.to_dict(), "seq_len": plan.training.seq_len,
+            "global_batch": plan.training.global_batch, "parallel": asdict(plan.parallel), "plan": plan.to_dict()}
+
+
+def _layout(parallel: Any) -> str:
+    if not isinstance(parallel, dict):
+        return "an unknown layout"
+    return " x ".join(f"{k} {parallel.get(k)}" for k in ("dp_replicate", "dp_shard", "cp", "tp", "pp"))
+
+
+def trim_metrics(path: Path, start: int) -> None:
+    """Drop rows after step `start` (logged by an attempt that died before checkpointing them),
+    so metrics.jsonl has each step once after a restart."""
+    if not path.is_file():
+        return
+    keep = [line for line in path.read_text().splitlines() if _step_of(line) is not None and _step_of(line) <= start]
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
+
+
+def _step_of(line: str) -> int | None:
+    """The step of a metrics.jsonl row; None for a blank line or one cut short by a crash."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _peak_memory(device: torch.device, tracker: LiveTensorMemory | None) -> float | None:

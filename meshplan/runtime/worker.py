@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -18,6 +19,8 @@ from meshplan.runtime.train import run_training
 from meshplan.specs.plan import Plan
 from meshplan.yamlio import atomic_write_json
 
+PG_TIMEOUT = timedelta(minutes=10)
+
 
 def pick_device() -> tuple[torch.device, str]:
     if torch.cuda.is_available():
@@ -27,9 +30,17 @@ def pick_device() -> tuple[torch.device, str]:
     return torch.device("cpu"), "gloo"
 
 
+def restart_count() -> int:
+    """How many times torchrun has restarted this worker group (--max-restarts)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
 def run_worker(plan: Plan, opts: RunOptions) -> int:
+    if restart_count() > 0 and opts.out:
+        # A restart after a failure continues from the newest complete checkpoint, --resume or not.
+        opts = replace(opts, resume=True)
     device, backend = pick_device()
-    dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    dist.init_process_group(backend, timeout=PG_TIMEOUT)
     rank0 = dist.get_rank() == 0
     notes = []
     if device.type == "cpu" and plan.training.dtype == "bf16":
@@ -41,6 +52,8 @@ def run_worker(plan: Plan, opts: RunOptions) -> int:
             print(f"meshplan run: {note}", flush=True)
         print(f"meshplan run: {plan.model.name} on {dist.get_world_size()} x {device.type} ({backend}), "
               f"{opts.steps} steps", flush=True)
+    if rank0 and restart_count() > 0:  # said even with --quiet: a restart is news
+        print(f"meshplan run: restart {restart_count()} after a failure", flush=True)
     try:
         rows = run_training(plan, opts, device)
     except InputError as exc:
@@ -75,10 +88,13 @@ def write_summary(plan: Plan, opts: RunOptions, rows, device: torch.device, back
     atomic_write_json(os.path.join(opts.out, "summary.json"), summary)
 
 
-def _version(module: str) -> str | None:
+def _version(dist_name: str) -> str | None:
+    # Package metadata, not an import: importing torchao only to read its version costs seconds.
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        return __import__(module).__version__
-    except Exception:
+        return version(dist_name)
+    except PackageNotFoundError:
         return None
 
 

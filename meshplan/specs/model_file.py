@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from meshplan.errors import InputError
-from meshplan.fields import as_int, require_mapping
+from meshplan.fields import as_bool, as_float, as_int, require_mapping
 from meshplan.specs.model import ModelSpec
 from meshplan.yamlio import load_yaml_file
 
@@ -58,11 +58,12 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, field: str = "model") -> M
         "n_kv_heads": kv,
         "ffn_dim": ffn,
         "vocab_size": as_int(_get(cfg, ("vocab_size",), field), f"{field}.vocab_size", 2),
-        "tied_embeddings": bool(cfg.get("tie_word_embeddings", arch == "gpt")),
+        "tied_embeddings": as_bool(cfg.get("tie_word_embeddings", arch == "gpt"), f"{field}.tie_word_embeddings"),
         "max_seq_len": as_int(_get(cfg, ("max_position_embeddings", "n_positions"), field, 131072),
                               f"{field}.max_position_embeddings", 1),
-        "norm_eps": float(_get(cfg, ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"), field, 1e-5)),
+        "norm_eps": as_float(_get(cfg, ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps"), field, 1e-5),
+                             f"{field}.rms_norm_eps", 0.0, exclusive_min=True),
     }
     if arch == "llama":
-        spec["rope_theta"] = float(cfg.get("rope_theta", 10000.0))
+        spec["rope_theta"] = as_float(cfg.get("rope_theta", 10000.0), f"{field}.rope_theta", 0.0, exclusive_min=True)
     return ModelSpec.from_dict(spec, field)
