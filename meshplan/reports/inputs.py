@@ -171,6 +171,12 @@ def _read_metrics(path: Path) -> pd.DataFrame:
             raise InputError(str(path), f"line {i} is not JSON")
         if not isinstance(row, dict) or "step" not in row:
             raise InputError(str(path), f"line {i} is not a step record (needs 'step')")
+        if isinstance(row["step"], bool) or not isinstance(row["step"], int):
+            raise InputError(str(path), f"line {i}: step must be an integer, got {row['step']!r}")
+        for key in ("loss", "step_time_s", "tokens_per_s_per_gpu", "mfu", "peak_memory_gib"):
+            value = row.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise InputError(str(path), f"line {i}: {key} must be a number or null, got {value!r}")
         rows.append(row)
     if not rows:
         raise InputError(str(path), "has no steps")
