@@ -1,0 +1,518 @@
+"""Branch and bound over the whole declared space, scored by the cost model.
+
+Leaves are complete layouts. They are grouped into classes that share everything but the
+pipeline schedule, virtual stages and layer split: (mesh degrees, mesh order, micro-batch, SP,
+activation checkpointing, float8, reshard). A class gets two rigorous bounds from the cost model:
+  - time: the step with the makespan replaced by the average pipeline rank's work (no schedule,
+    split or placement of stages can finish before the average rank's work is done);
+  - memory: the average pipeline rank's peak with one micro-batch in flight.
+A class whose memory bound exceeds the device is rejected whole; the rest are expanded in order
+of their time bound, leaf by leaf (a leaf's own bound is its busiest rank's work; only leaves
+that can still enter the top K are simulated), until the next bound cannot beat the K-th best.
+Every leaf ends counted exactly once: rejected (with its reason), scored exactly, dominated
+(compile / async TP off, which the model proves slower at equal memory), or pruned by a bound.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshplan.cost_models.estimate import (Estimate, StepParts, _block_key, _simulate_cached, compose_step,
+                                           estimate_layout, group_spans, rank_busy, step_parts)
+from meshplan.cost_models.layout import Layout, even_split
+from meshplan.cost_models.memory import GIB, rank_memory, stage_params
+
+
+def _replace(lay: Layout, **changes) -> Layout:
+    return lay.with_(**changes)
+
+
+def stage_params_layers(lay: Layout, rank: int) -> int:
+    return stage_params(lay, rank).layers
+from meshplan.cost_models.pipeline import bound_kind, in_flight_limit, makespan_lower_bound
+from meshplan.planner.constraints import (BATCH, MICROBATCHES, NO_FIT, PP_LAYERS, REASONS, SCHEDULE_V, SP_SEQ,
+                                          batch_reason, mesh_reason, microbatch_reason, schedule_reason, sp_reason)
+from meshplan.planner.placement import distinct_orders, placement_for
+from meshplan.planner.sac_ilp import SacItems, pareto_subsets, solve_sac_ilp
+from meshplan.planner.space import BALANCED, EVEN, SAC_DEFAULT, SAC_ILP, Mesh, Space
+from meshplan.planner.stage_split import balanced_split
+from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.plan import SAC_OPS, Plan
+
+DOMINATED = "dominated (compile / async TP off: slower at equal memory)"
+BOUNDED = "pruned: time bound >= K-th best"
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    order: tuple[str, ...]
+    step_time_s: float
+    peak_memory_gib: float
+    estimate: Estimate | None = None
+    placement: dict[str, str] | None = None
+
+    def to_plan(self, base: Plan) -> Plan:
+        lay = self.layout
+        p = base.copy()
+        t, par, mem = p.training, p.parallel, p.memory
+        t.seq_len, t.global_batch, t.micro_batch, t.dtype = lay.seq_len, lay.global_batch, lay.micro_batch, lay.dtype
+        par.dp_replicate, par.dp_shard, par.tp, par.cp, par.pp = lay.dp_replicate, lay.dp_shard, lay.tp, lay.cp, lay.pp
+        par.sequence_parallel, par.async_tp = lay.sp, lay.async_tp
+        par.pp_schedule, par.pp_virtual_stages = lay.schedule, lay.v
+        even = even_split(lay.spec.n_layers, lay.n_stages)
+        par.pp_layers = list(lay.stage_layers) if lay.pp > 1 and lay.stage_layers != even else None
+        mem.activation_checkpointing = lay.ac
+        mem.sac_ops = list(lay.sac_ops) if isinstance(lay.sac_ops, tuple) else None
+        mem.float8, mem.reshard_after_forward = lay.float8, lay.reshard_after_forward
+        p.compile = lay.compile
+        p.placement = dict(self.placement) if self.placement else None
+        p.mesh_order = list(self.order)
+        return p
+
+
+@dataclass
+class NonFit:
+    layout: Layout
+    order: tuple[str, ...]
+    step_time_s: float  # exact, or a lower bound when not `exact`
+    peak_memory_gib: float  # exact, or a lower bound when not `exact`
+    exact: bool
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Candidate]
+    space_size: int
+    rejections: dict[str, int]
+    n_exact: int
+    n_simulated: int
+    n_dominated: int
+    n_bounded: int
+    non_fitting: list[NonFit]
+    usable_memory_gib: float
+    search_time_s: float
+    assumptions: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    base_plan: Plan | None = None
+    sac_ilp_check: str = ""
+    scored: list[Candidate] = field(default_factory=list)  # every exactly scored leaf (fits or not)
+    profile: ClusterProfile | None = None
+
+    @property
+    def best(self) -> Candidate | None:
+        return self.ranked[0] if self.ranked else None
+
+    def best_plan(self) -> Plan | None:
+        return self.ranked[0].to_plan(self.base_plan) if self.ranked else None
+
+    def counts(self) -> dict[str, Any]:
+        rejected = sum(self.rejections.values())
+        return {"space": self.space_size, "scored_exactly": self.n_exact, "simulated": self.n_simulated,
+                "dominated": self.n_dominated, "pruned_by_bound": self.n_bounded, "rejected": rejected,
+                "rejected_by_reason": {k: v for k, v in self.rejections.items() if v},
+                "accounted": self.n_exact + self.n_dominated + self.n_bounded + rejected}
+
+
+@dataclass(order=True)
+class _Class:
+    bound: float
+    tie: int
+    layout: Layout = field(compare=False)
+    order: tuple[str, ...] = field(compare=False)
+    sac: Any = field(compare=False)
+    leaves: int = field(compare=False)  # leaves still represented (after dominance)
+
+
+class _Search:
+    def __init__(self, space: Space, prof: ClusterProfile, top_k: int):
+        self.space, self.prof, self.top_k = space, prof, top_k
+        self.spec = space.plan.model
+        self.usable = prof.device.usable_memory_gib
+        self.rejections = {r: 0 for r in REASONS}
+        self.n_exact = self.n_sim = self.n_dom = self.n_bounded = self.size = 0
+        self.top: list[tuple[float, int, Candidate]] = []  # max-heap by step via negation
+        self.nonfit: list[NonFit] = []
+        self.scored: list[Candidate] = []  # every exactly scored leaf, fitting or not (the candidates CSV)
+        self.tie = itertools.count()
+        self._sac_cache: dict = {}
+        self._pareto: dict = {}
+        self._sac_choice: dict = {}
+        self._layer_cache: dict = {}
+        self._split_cache: dict = {}
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def reject(self, reason: str, n: int) -> None:
+        self.rejections[reason] += n
+
+    def kth(self) -> float:
+        return -self.top[0][0] if len(self.top) >= self.top_k else float("inf")
+
+    def keep(self, cand: Candidate) -> None:
+        item = (-cand.step_time_s, next(self.tie), cand)
+        if len(self.top) < self.top_k:
+            heapq.heappush(self.top, item)
+        elif cand.step_time_s < self.kth():
+            heapq.heapreplace(self.top, item)
+
+    def note_nonfit(self, lay: Layout, order, step: float, peak: float, exact: bool) -> None:
+        self.nonfit.append(NonFit(lay, order, step, peak, exact))
+        if len(self.nonfit) > 64:
+            self.nonfit.sort(key=lambda n: n.step_time_s)
+            del self.nonfit[16:]
+
+    # -- counting leaves -----------------------------------------------------------------
+    def schedule_leaves(self, pp: int) -> int:
+        return len(self.space.schedule_options(pp)) * len(self.space.split_options(pp))
+
+    def class_variants(self, tp: int) -> int:
+        return len(self.space.compile_options()) * len(self.space.async_options(tp))
+
+    def knob_leaves(self, m: Mesh) -> int:
+        """Leaves under one (mesh, order, micro-batch)."""
+        s = self.space
+        return (len(s.sp_options(m.tp)) * len(s.ac_options()) * len(s.float8_options())
+                * len(s.reshard_options(m)) * self.schedule_leaves(m.pp) * self.class_variants(m.tp))
+
+    # -- layouts -------------------------------------------------------------------------
+    def layout(self, m: Mesh, mb: int, sp: bool, ac: str, sac: Any, f8: bool, reshard: bool) -> Layout:
+        s = self.space
+        return Layout(
+            spec=self.spec, gpus=s.plan.gpus, seq_len=s.seq_len, global_batch=s.global_batch, micro_batch=mb,
+            dtype=s.dtype, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, sp=sp and m.tp > 1,
+            async_tp=max(s.async_options(m.tp)), pp=m.pp, schedule="1F1B", v=1,
+            stage_layers=even_split(self.spec.n_layers, m.pp), cp=m.cp, ac=ac,
+            sac_ops=sac if isinstance(sac, tuple) else None, float8=f8, reshard_after_forward=reshard,
+            compile=max(s.compile_options()))
+
+    def static_memory_gib(self, m: Mesh) -> float:
+        """Model states alone (fp32 params + AdamW moments) on the most loaded rank: a bound below any peak."""
+        params = self.spec.num_params() / (m.tp * m.pp)
+        return 12.0 * params / (m.dp_shard * m.cp) / GIB
+
+    # -- the search ----------------------------------------------------------------------
+    def run(self) -> None:
+        s = self.space
+        mbs = s.micro_batches()
+        queue: list[tuple[float, int, str, Any]] = []
+        for m in s.meshes():
+            per_mb = self.knob_leaves(m)
+            orders = self.orders(m)
+            leaves = per_mb * len(mbs) * len(orders)
+            self.size += leaves
+            reason = mesh_reason(self.spec, self.prof, s.seq_len, m.tp, m.cp)
+            if reason is None and m.pp > self.spec.n_layers:
+                reason = PP_LAYERS
+            if reason:
+                self.reject(reason, leaves)
+                continue
+            if self.static_memory_gib(m) > self.usable:
+                self.reject(NO_FIT, leaves)
+                continue
+            for mb in mbs:
+                if batch_reason(s.global_batch, m.dp, mb):
+                    self.reject(BATCH, per_mb * len(orders))
+                    continue
+                for order, _ in orders:
+                    node = self.mesh_node(m, mb, order, per_mb)
+                    if node is not None:
+                        queue.append((node[0], next(self.tie), "mesh", node[1:]))
+        # One best-first queue of mesh nodes, knob classes and leaves awaiting simulation, by time bound.
+        heapq.heapify(queue)
+        while queue:
+            bound, _, kind, item = heapq.heappop(queue)
+            if bound >= self.kth():
+                self.n_bounded += sum(self.leaves_of(k, x) for _, _, k, x in [(bound, 0, kind, item)] + queue)
+                break
+            if kind == "mesh":
+                for c in self.classes(*item[:3]):
+                    heapq.heappush(queue, (c.bound, c.tie, "class", c))
+            elif kind == "class":
+                for leaf in self.expand(item):
+                    heapq.heappush(queue, (leaf[0], next(self.tie), "leaf", leaf[1:]))
+            else:
+                self.score(*item)
+
+    def leaves_of(self, kind: str, item: Any) -> int:
+        if kind == "mesh":
+            return item[3]
+        return item.leaves if kind == "class" else 1
+
+    def mesh_node(self, m: Mesh, mb: int, order, leaves: int):
+        """(time bound, mesh, mb, order, leaves) over every knob setting, or None if nothing can fit.
+
+        Memory: the smallest-memory knobs (full AC, SP, float8, reshard) bound every class below.
+        Time: the fastest knobs (no AC, no reshard, either SP and float8 choice) bound them."""
+        s = self.space
+        sps = [x for x in s.sp_options(m.tp) if not sp_reason(s.seq_len, m.tp, m.cp, x)]
+        if not sps:
+            self.reject(SP_SEQ, leaves)
+            return None
+        acs = [a for a, _ in s.ac_options()]
+        small_ac = "full" if "full" in acs else "selective" if "selective" in acs else "none"
+        small = self.layout(m, mb, max(sps), small_ac, () if small_ac == "selective" else None,
+                            max(s.float8_options()), max(s.reshard_options(m)))
+        mem = self.rank_memory_bound_gib(small)
+        if mem > self.usable:
+            self.reject(NO_FIT, leaves)
+            self.note_nonfit(small, order, self.class_time_bound(small, order), mem, exact=False)
+            return None
+        fast_ac = "none" if "none" in acs else "selective" if "selective" in acs else "full"
+        bound = min(self.class_time_bound(self.layout(m, mb, sp, fast_ac, tuple(SAC_OPS) if fast_ac == "selective" else None,
+                                                      f8, min(s.reshard_options(m))), order)
+                    for sp in sps for f8 in s.float8_options())
+        return bound, m, mb, order, leaves
+
+    def orders(self, m: Mesh) -> list[tuple[tuple[str, ...], dict]]:
+        probe = self.layout(m, 1, False, "none", None, False, True)
+        return distinct_orders(probe, self.prof)
+
+    def classes(self, m: Mesh, mb: int, order) -> list[_Class]:
+        s = self.space
+        n_sched = self.schedule_leaves(m.pp)
+        variants = self.class_variants(m.tp)
+        out = []
+        for sp in s.sp_options(m.tp):
+            per_sp = len(s.ac_options()) * len(s.float8_options()) * len(s.reshard_options(m)) * n_sched * variants
+            if sp_reason(s.seq_len, m.tp, m.cp, sp):
+                self.reject(SP_SEQ, per_sp)
+                continue
+            for (ac, sac), f8, reshard in itertools.product(s.ac_options(), s.float8_options(), s.reshard_options(m)):
+                lay = self.layout(m, mb, sp, ac, sac, f8, reshard)
+                self.n_dom += n_sched * variants - n_sched
+                # For the SAC ILP class, the fastest member saves everything, the smallest saves nothing.
+                fast = _replace(lay, sac_ops=tuple(SAC_OPS)) if sac == SAC_ILP else lay
+                small = _replace(lay, sac_ops=()) if sac == SAC_ILP else lay
+                mem = self.rank_memory_bound_gib(small)
+                bound = self.class_time_bound(fast, order)
+                if mem > self.usable:
+                    self.reject(NO_FIT, n_sched)
+                    self.note_nonfit(fast, order, bound, mem, exact=False)
+                    continue
+                out.append(_Class(bound, next(self.tie), lay, order, sac, n_sched))
+        return out
+
+    def class_time_bound(self, lay: Layout, order) -> float:
+        """The average pipeline rank's work plus the per-step overhead: no schedule or split does better."""
+        if lay.pp == 1:
+            parts = step_parts(lay, self.prof, order)
+            return compose_step(lay, self.prof, parts, parts.busy[0])[0]
+        per_layer, head_emb = self.per_layer_times(lay, order)
+        total = lay.n_micro * (lay.spec.n_layers * per_layer + head_emb)
+        return total / lay.pp + self.prof.overheads.step_overhead_s
+
+    def per_layer_times(self, lay: Layout, order) -> tuple[float, float]:
+        """(one layer's F+B+W, embedding + head F+B) per micro-batch: the work any split distributes."""
+        key = _block_key(lay, group_spans(lay, self.prof, order))
+        got = self._layer_cache.get(key)
+        if got is None:
+            got = self._layer_cache[key] = self._per_layer_times(lay, order)
+        return got
+
+    def _per_layer_times(self, lay: Layout, order) -> tuple[float, float]:
+        one = lay.with_(pp=1, schedule="1F1B", v=1, stage_layers=(1,))
+        d = step_parts(one, self.prof, order).durations
+        layer = d.forward[0] + d.backward[0] + d.weight[0]
+        parts = step_parts(one.with_(stage_layers=(2,)), self.prof, order).durations
+        two = parts.forward[0] + parts.backward[0] + parts.weight[0]
+        return two - layer, 2 * layer - two
+
+    def rank_memory_bound_gib(self, lay: Layout) -> float:
+        """Below the peak of any stage split: the lightest of the first, second and last pipeline ranks
+        of the even split with one micro-batch in flight (memory is about linear in a rank's layers,
+        so the average rank of any split weighs at least the lightest rank of the even one)."""
+        ranks = {0, min(1, lay.pp - 1), lay.pp - 1}
+        return min(rank_memory(lay, r, 1.0, self.prof.overheads).total for r in ranks) / GIB
+
+    # -- expanding a class into its leaves -----------------------------------------------
+    def expand(self, c: _Class) -> list[tuple[float, Layout, tuple, StepParts]]:
+        """Score a pipeline-free class at once; return a pipelined class's valid leaves with their bounds."""
+        base = c.layout
+        if base.pp == 1:
+            self.score(self.with_sac(base, c.order, c.sac, 1.0), c.order)
+            return []
+        s = self.space
+        leaves = []
+        by_v: dict[int, list[str]] = {}
+        for sched, v in s.schedule_options(base.pp):
+            by_v.setdefault(v, []).append(sched)
+        for v, scheds in by_v.items():
+            seen_splits: set = set()
+            for split in s.split_options(base.pp):
+                probe = _replace(base, schedule=scheds[0], v=v)
+                reason = schedule_reason(self.spec.n_layers, base.pp, scheds[0], v,
+                                         list(split) if isinstance(split, tuple) else None)
+                if reason == PP_LAYERS or reason == "pp_layers does not match pp*virtual stages / n_layers":
+                    self.reject(reason, len(scheds))
+                    continue
+                layers = self.stage_layers(probe, c.order, split)
+                if layers in seen_splits:
+                    self.n_dom += len(scheds)  # the balanced split came out even: the same leaves, scored once
+                    continue
+                seen_splits.add(layers)
+                # Durations depend on v, split and the saved op kinds, not on the schedule. For the SAC
+                # ILP class the save-everything member is the fastest: its bound holds for the class.
+                fast = _replace(base, v=v, stage_layers=layers,
+                                sac_ops=tuple(SAC_OPS) if c.sac == SAC_ILP else base.sac_ops)
+                fast_parts = step_parts(fast, self.prof, c.order)
+                fd = fast_parts.durations
+                quick_by_kind: dict = {}
+                for sched in scheds:
+                    reason = schedule_reason(self.spec.n_layers, base.pp, sched, v, list(layers))
+                    reason = reason or microbatch_reason(sched, base.pp, v, base.n_micro)
+                    if reason:
+                        self.reject(reason, 1)
+                        continue
+                    kind = bound_kind(sched)
+                    quick = quick_by_kind.get(kind)
+                    if quick is None:
+                        quick = quick_by_kind[kind] = makespan_lower_bound(sched, base.pp, v, base.n_micro, fd.forward,
+                                                                           fd.backward, fd.weight, fd.p2p)
+                    if quick + self.prof.overheads.step_overhead_s >= self.kth():
+                        self.n_bounded += 1
+                        continue
+                    lay = _replace(base, schedule=sched, v=v, stage_layers=layers)
+                    lay = self.with_sac(lay, c.order, c.sac, float(in_flight_limit(sched, base.pp, v, 0, base.n_micro)))
+                    if lay.sac_ops == fast.sac_ops:
+                        parts, bound = fast_parts, quick
+                    else:
+                        parts = step_parts(lay, self.prof, c.order)
+                        d = parts.durations
+                        bound = makespan_lower_bound(sched, lay.pp, v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p)
+                    # Durations do not depend on the schedule; each rank's work does (stage placement).
+                    sp_ = StepParts(parts.spans, parts.bt, parts.head, parts.emb, parts.durations,
+                                    rank_busy(lay, parts.durations))
+                    leaves.append((compose_step(lay, self.prof, sp_, bound)[0], lay, c.order, sp_))
+        return leaves
+
+    def stage_layers(self, lay: Layout, order, split: Any) -> tuple[int, ...]:
+        if isinstance(split, tuple):
+            return split
+        even = even_split(self.spec.n_layers, lay.n_stages)
+        if split == EVEN:
+            return even
+        per_layer, _ = self.per_layer_times(lay, order)
+        even_parts = step_parts(_replace(lay, stage_layers=even), self.prof, order).durations
+        extras = [even_parts.forward[i] + even_parts.backward[i] + even_parts.weight[i] - even[i] * per_layer
+                  for i in range(lay.n_stages)]
+        # The balanced split depends only on the stage count and the ends' extra work in layers.
+        key = (lay.n_stages, round(extras[0] / per_layer, 3), round(extras[-1] / per_layer, 3))
+        out = self._split_cache.get(key)
+        if out is None:
+            out = self._split_cache[key] = balanced_split(self.spec.n_layers, extras, per_layer)
+        return out
+
+    def score(self, lay: Layout, order, parts: StepParts | None = None) -> None:
+        parts = parts or step_parts(lay, self.prof, order)
+        if lay.pp > 1:
+            d = parts.durations
+            try:
+                makespan, _, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
+                                                          tuple(d.backward), tuple(d.weight), d.p2p)
+            except RuntimeError:
+                self.reject(MICROBATCHES, 1)
+                return
+            self.n_sim += 1
+        else:
+            makespan, in_flight = parts.busy[0], (1.0,)
+        step = compose_step(lay, self.prof, parts, makespan)[0]
+        peak = max(rank_memory(lay, r, in_flight[r], self.prof.overheads).total for r in range(lay.pp)) / GIB
+        cand = Candidate(lay, order, step, peak)
+        self.scored.append(cand)
+        if peak > self.usable:
+            self.rejections[NO_FIT] += 1
+            self.note_nonfit(lay, order, step, peak, exact=True)
+            return
+        self.n_exact += 1
+        self.keep(cand)
+
+    # -- selective activation checkpointing: the SAC ILP ---------------------------------
+    def with_sac(self, lay: Layout, order, sac: Any, in_flight: float) -> Layout:
+        """Resolve the SAC ILP choice: the least recompute whose activations fit on the first rank
+        with `in_flight` micro-batches (activations are linear in the bytes saved per token)."""
+        if sac != SAC_ILP:
+            return lay
+        key = (lay.dp_replicate, lay.dp_shard, lay.cp, lay.tp, lay.pp, lay.v, lay.micro_batch, lay.sp, lay.float8,
+               lay.reshard_after_forward, lay.stage_layers, lay.schedule in ("ZBVZeroBubble", "DualPipeV"), in_flight, order)
+        chosen = self._sac_choice.get(key)
+        if chosen is None:
+            chosen = self._sac_choice[key] = self._choose_sac(lay, order, in_flight)
+        return _replace(lay, sac_ops=chosen)
+
+    def _choose_sac(self, lay: Layout, order, in_flight: float) -> tuple[str, ...]:
+        items = self.sac_items(lay, order)
+        none_saved = _replace(lay, sac_ops=())
+        base = rank_memory(none_saved, 0, in_flight, self.prof.overheads).total
+        layers = stage_params_layers(lay, 0) / lay.v
+        per_byte = (1 + self.prof.overheads.memory_fragmentation) * in_flight * lay.tokens_per_micro * layers
+        budget = self.usable * GIB
+        subsets = self._pareto.get(id(items))
+        if subsets is None:
+            subsets = self._pareto[id(items)] = pareto_subsets(items)
+        for sub in subsets:
+            if base + per_byte * (items.bytes_of(sub) - items.base_bytes_per_token) <= budget:
+                return sub
+        return ()
+
+    def sac_items(self, lay: Layout, order) -> SacItems:
+        """ILP item values read off the cost model one op kind at a time (bytes and recompute seconds)."""
+        from meshplan.cost_models.activations import activation_bytes_per_token
+
+        spans = group_spans(lay, self.prof, order)
+        key = (lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.float8, lay.compile, spans["tp"], spans["cp"])
+        items = self._sac_cache.get(key)
+        if items is not None:
+            return items
+        ref = _replace(lay, ac="selective")
+
+        def act(sub: tuple[str, ...]) -> float:
+            return activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, "selective", sub, lay.act_bytes)
+
+        def recompute(sub: tuple[str, ...]) -> float:
+            return step_parts(_replace(ref, sac_ops=sub), self.prof, order).bt.recompute
+
+        base = act(())
+        b = {k: act((k,)) - base for k in SAC_OPS}
+        r_all = recompute(())
+        r_one = {k: recompute(tuple(x for x in SAC_OPS if x != k)) for k in SAC_OPS}
+        active = [k for k in SAC_OPS if r_one[k] > 0]
+        e = (sum(r_one[k] for k in active) - r_all) / (len(active) - 1) if len(active) > 1 else 0.0
+        t = {k: (r_one[k] - e if k in active else 0.0) for k in SAC_OPS}
+        items = self._sac_cache[key] = SacItems(SAC_OPS, b, base, t, e)
+        return items
+
+
+def search(plan: Plan, profile: ClusterProfile, top_k: int = 10, excludes: dict[str, list] | None = None) -> SearchResult:
+    """Search every auto field of `plan` (the rest fixed); the best top_k plans that fit."""
+    t0 = time.perf_counter()
+    space = Space.from_plan(plan, profile, excludes)
+    s = _Search(space, profile, top_k)
+    s.run()
+    ranked = [c for _, _, c in sorted(s.top, key=lambda x: -x[0])]
+    for cand in ranked:
+        cand.estimate = estimate_layout(cand.layout, profile, cand.order)
+        cand.placement = placement_for(cand.layout, cand.order, profile)
+    ranked.sort(key=lambda c: c.estimate.step_time_s)
+    nonfit = sorted(s.nonfit, key=lambda n: n.step_time_s)[:5]
+    result = SearchResult(ranked, s.size, s.rejections, s.n_exact, s.n_sim, s.n_dom, s.n_bounded, nonfit,
+                          s.usable, time.perf_counter() - t0, list(space.assumptions), [], space.plan,
+                          scored=s.scored, profile=profile)
+    if ranked and ranked[0].layout.ac == "selective" and isinstance(ranked[0].layout.sac_ops, tuple):
+        result.sac_ilp_check = _check_sac_with_pulp(s, ranked[0])
+    return result
+
+
+def _check_sac_with_pulp(s: _Search, best: Candidate) -> str:
+    """Re-solve the winner's SAC choice with pulp's ILP solver: it must agree with the enumeration."""
+    lay = best.layout
+    items = s.sac_items(lay, best.order)
+    budget = items.bytes_of(lay.sac_ops)
+    chosen = solve_sac_ilp(items, budget)
+    if chosen is None:
+        return "pulp: infeasible"
+    same = abs(items.time_of(chosen) - items.time_of(lay.sac_ops)) <= 1e-12 * max(1.0, items.time_of(lay.sac_ops))
+    return f"pulp ILP {'agrees' if same else 'DISAGREES'}: saves {', '.join(chosen) or 'nothing'}"

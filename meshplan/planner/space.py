@@ -1,0 +1,186 @@
+"""The declared search space: which values each plan field may take, given what the plan fixes.
+
+A field that is 'auto' in the plan is searched over the options below; a fixed field has one
+option. Options of a knob depend only on the mesh degrees (e.g. async TP exists only with tp > 1),
+so a subtree's size is a product of option counts: the summary counts every leaf, not a sample.
+
+  degrees        every ordered factorisation gpus = dp_replicate * dp_shard * cp * tp * pp
+  micro_batch    every divisor of global_batch
+  seq. parallel  {true, false} with tp > 1            async TP  {false, true} with tp > 1
+  pp schedule    all 7 with pp > 1; virtual stages 1 (GPipe, 1F1B), 2 (V-shaped), 1..4 (others)
+  pp_layers      even split and the time-balanced split (stage_split.py), with pp > 1
+  activation ck. none | selective (TorchTitan op policy) | selective (SAC ILP) | full
+  float8         {false, true} where the profile has fp8 peaks
+  reshard        {true, false} where it changes anything (dp_shard > 1 and pp = 1)
+  compile        {false, true}
+  mesh order     one per distinct placement of the groups on link levels (placement.py)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshplan.errors import InputError
+from meshplan.fields import AUTO
+from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
+
+TOKENS_PER_STEP = 4 * 1024 * 1024  # default global batch: ~4M tokens, as Llama 3 pre-training
+SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
+SAC_ILP = "ilp"  # selective AC with the op kinds the SAC ILP chooses under the memory budget
+EVEN = "even"
+BALANCED = "balanced"
+DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def default_global_batch(seq_len: int) -> int:
+    """Largest power of two with global_batch * seq_len <= 4M tokens (at least 1)."""
+    b = 1
+    while 2 * b * seq_len <= TOKENS_PER_STEP:
+        b *= 2
+    return b
+
+
+@dataclass(frozen=True)
+class Mesh:
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    pp: int
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    def as_dict(self) -> dict[str, int]:
+        return {d: getattr(self, d) for d in DEGREES}
+
+
+@dataclass
+class Space:
+    plan: Plan
+    profile: ClusterProfile
+    seq_len: int
+    global_batch: int
+    dtype: str
+    assumptions: list[str] = field(default_factory=list)
+    excludes: dict[str, list[Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, profile: ClusterProfile, excludes: dict[str, list[Any]] | None = None) -> "Space":
+        t = plan.training
+        notes = []
+        if t.seq_len == AUTO:
+            raise InputError("training.seq_len", "cannot be 'auto': it defines the workload to plan for")
+        gb = t.global_batch
+        if gb == AUTO:
+            gb = default_global_batch(t.seq_len)
+            notes.append(f"global_batch = {gb} sequences ({gb * t.seq_len:,} tokens): the largest power of two "
+                         f"<= 4M tokens at seq_len {t.seq_len}; plans whose dp*micro_batch does not divide it are rejected")
+        dtype = t.dtype
+        if dtype == AUTO:
+            dtype = "bf16" if "bf16" in profile.device.peak_tflops else "fp32"
+        if plan.gpus > profile.devices_per_node * profile.max_nodes:
+            raise InputError("gpus", f"{plan.gpus} exceeds the cluster's {profile.devices_per_node} x {profile.max_nodes} devices")
+        return cls(plan, profile, t.seq_len, gb, dtype, notes, dict(excludes or {}))
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _opts(self, key: str, value: Any, searched: list[Any]) -> list[Any]:
+        """`searched` if the plan leaves `key` auto, else the fixed value; minus --exclude values."""
+        opts = searched if value == AUTO else [value]
+        bad = self.excludes.get(key, [])
+        return [o for o in opts if o not in bad]
+
+    # -- degrees ---------------------------------------------------------------------------
+    def meshes(self) -> list[Mesh]:
+        p = self.plan.parallel
+        fixed = {d: getattr(p, d) for d in DEGREES}
+        out = []
+
+        def rec(i: int, left: int, acc: list[int]) -> None:
+            if i == len(DEGREES) - 1:
+                cand = acc + [left]
+                m = Mesh(*cand)
+                if all(self._allowed(d, getattr(m, d), fixed[d]) for d in DEGREES):
+                    out.append(m)
+                return
+            for d in divisors(left):
+                if self._allowed(DEGREES[i], d, fixed[DEGREES[i]]):
+                    rec(i + 1, left // d, acc + [d])
+
+        rec(0, self.plan.gpus, [])
+        return out
+
+    def _allowed(self, key: str, value: int, fixed: Any) -> bool:
+        if fixed != AUTO and value != fixed:
+            return False
+        return value not in self.excludes.get(f"parallel.{key}", [])
+
+    # -- per-mesh knob options -------------------------------------------------------------
+    def micro_batches(self) -> list[int]:
+        return self._opts("training.micro_batch", self.plan.training.micro_batch, divisors(self.global_batch))
+
+    def sp_options(self, tp: int) -> list[bool]:
+        return self._opts("parallel.sequence_parallel", self.plan.parallel.sequence_parallel,
+                          [True, False] if tp > 1 else [False])
+
+    def async_options(self, tp: int) -> list[bool]:
+        return self._opts("parallel.async_tp", self.plan.parallel.async_tp, [False, True] if tp > 1 else [False])
+
+    def schedule_options(self, pp: int) -> list[tuple[str, int]]:
+        """(schedule, virtual stages) pairs; with pp = 1 the schedule is moot (one placeholder)."""
+        p = self.plan.parallel
+        if pp == 1:
+            return [("1F1B", 1)]
+        out = []
+        for s in self._opts("parallel.pp_schedule", p.pp_schedule, list(PP_SCHEDULES)):
+            vs = [1] if s in SINGLE_STAGE_SCHEDULES else [2] if s in V_SHAPED_SCHEDULES else [1, 2, 3, 4]
+            for v in self._opts("parallel.pp_virtual_stages", p.pp_virtual_stages, vs):
+                out.append((s, v))
+        return out
+
+    def split_options(self, pp: int) -> list[Any]:
+        """EVEN, BALANCED or a fixed list of layers per stage."""
+        p = self.plan.parallel
+        if pp == 1:
+            return [EVEN]
+        if p.pp_layers not in (None, AUTO):
+            return [tuple(p.pp_layers)]
+        searched = p.pp_layers == AUTO or AUTO in (p.pp, p.pp_schedule, p.pp_virtual_stages)
+        return [EVEN, BALANCED] if searched else [EVEN]
+
+    def ac_options(self) -> list[tuple[str, Any]]:
+        """(activation_checkpointing, sac choice): sac choice is SAC_DEFAULT, SAC_ILP or a fixed tuple."""
+        m = self.plan.memory
+        sac = m.sac_ops
+        acs = self._opts("memory.activation_checkpointing", m.activation_checkpointing, ["none", "selective", "full"])
+        out = []
+        for ac in acs:
+            if ac != "selective":
+                out.append((ac, None))
+            elif sac == AUTO:
+                out.append((ac, SAC_ILP))
+            elif sac is not None:
+                out.append((ac, tuple(sac)))
+            elif m.activation_checkpointing == AUTO:
+                out += [(ac, SAC_DEFAULT), (ac, SAC_ILP)]
+            else:
+                out.append((ac, SAC_DEFAULT))
+        return out
+
+    def float8_options(self) -> list[bool]:
+        ok = self.profile.supports_float8() and self.dtype == "bf16"
+        return self._opts("memory.float8", self.plan.memory.float8, [False, True] if ok else [False])
+
+    def reshard_options(self, mesh: Mesh) -> list[bool]:
+        searched = [True, False] if (mesh.dp_shard > 1 and mesh.pp == 1) else [mesh.pp == 1]
+        return self._opts("memory.reshard_after_forward", self.plan.memory.reshard_after_forward, searched)
+
+    def compile_options(self) -> list[bool]:
+        return self._opts("compile", self.plan.compile, [False, True])

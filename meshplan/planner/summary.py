@@ -1,0 +1,140 @@
+"""What `meshplan plan` shows and saves: the top-K table, the search summary, the candidates CSV,
+and, when nothing fits, what would."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from meshplan.cost_models.flops import model_flops_per_token
+from meshplan.cost_models.memory import GIB
+from meshplan.planner.search import Candidate, SearchResult
+from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.plan import Plan
+from meshplan.yamlio import atomic_write_text
+
+
+def candidates_path(out: Path) -> Path:
+    return out.with_name(f"{out.stem}.candidates.csv")
+
+
+def candidate_row(c: Candidate, base: Plan, profile: ClusterProfile, rank: int | None) -> dict[str, Any]:
+    """One CSV row: every plan field as section.field, then the figures."""
+    plan = c.to_plan(base)
+    d = plan.to_dict()
+    row: dict[str, Any] = {"rank": rank, "gpus": plan.gpus, "model": plan.model.name, "cluster": plan.cluster}
+    for section in ("training", "parallel", "memory"):
+        for k, v in d[section].items():
+            row[f"{section}.{k}"] = v if not isinstance(v, list) else ",".join(map(str, v))
+    row["compile"] = plan.compile
+    row["mesh_order"] = ",".join(c.order)
+    lay = c.layout
+    tokens = lay.global_batch * lay.seq_len / c.step_time_s / lay.gpus
+    peak = profile.device.peak_tflops.get("bf16", profile.device.peak_tflops.get("fp32")) * 1e12
+    row.update(step_time_s=c.step_time_s, tokens_per_s_per_gpu=tokens,
+               mfu=model_flops_per_token(lay.spec, lay.seq_len) * tokens / peak,
+               peak_memory_gib=c.peak_memory_gib, fits=c.peak_memory_gib <= profile.device.usable_memory_gib)
+    if c.estimate is not None:
+        row["hfu"] = c.estimate.hfu
+        row.update({f"time_s.{k}": v for k, v in c.estimate.time_s.items()})
+        row.update({f"memory_gib.{k}": v for k, v in c.estimate.memory_gib.items()})
+    return row
+
+
+def write_candidates(result: SearchResult, out: Path) -> Path:
+    """Every exactly scored candidate beside the plan (<stem>.candidates.csv), best first."""
+    import pandas as pd
+
+    from meshplan.cost_models.estimate import estimate_layout
+
+    profile_rank = {id(c): i + 1 for i, c in enumerate(result.ranked)}
+    ranked_ids = set(profile_rank)
+    rest = sorted((c for c in result.scored if id(c) not in ranked_ids), key=lambda c: c.step_time_s)
+    profile = result.profile
+    rows = [candidate_row(c, result.base_plan, profile, profile_rank.get(id(c))) for c in result.ranked + rest]
+    path = candidates_path(out)
+    atomic_write_text(path, pd.DataFrame(rows).to_csv(index=False))
+    return path
+
+
+def _knobs(lay) -> str:
+    sac = ""
+    if lay.ac == "selective":
+        sac = "(" + ",".join(lay.sac_ops) + ")" if isinstance(lay.sac_ops, tuple) else "(default)"
+    pp = f" {lay.schedule} v{lay.v}" if lay.pp > 1 else ""
+    flags = [f for f, on in (("SP", lay.sp), ("asyncTP", lay.async_tp), ("fp8", lay.float8),
+                             ("compile", lay.compile), ("no-reshard", not lay.reshard_after_forward)) if on]
+    return f"mb {lay.micro_batch}{pp}; AC {lay.ac}{sac}; {' '.join(flags)}"
+
+
+def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, candidates: Path, report: Path | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=160)
+    base = result.base_plan
+    for note in result.assumptions:
+        console.print(f"[dim]assumed: {note}[/dim]")
+    for w in result.warnings:
+        console.print(f"[yellow]warning: {w}[/yellow]")
+    table = Table(title=f"{base.model.name} on {base.gpus} x {profile.device.name} ({profile.name}), "
+                        f"seq {result.ranked[0].layout.seq_len}, global batch {result.ranked[0].layout.global_batch}")
+    for col in ("#", "tok/s/GPU", "MFU", "step s", "peak GiB", "dp_rep", "dp_shard", "cp", "tp", "pp", "knobs"):
+        table.add_column(col, justify="right" if col not in ("knobs",) else "left")
+    for i, c in enumerate(result.ranked, 1):
+        e, lay = c.estimate, c.layout
+        table.add_row(str(i), f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu:.1%}", f"{e.step_time_s:.3f}",
+                      f"{e.peak_memory_gib:.1f}", str(lay.dp_replicate), str(lay.dp_shard), str(lay.cp), str(lay.tp),
+                      str(lay.pp), _knobs(lay))
+    console.print(table)
+    n = result.counts()
+    console.print(f"searched {n['space']:,} plans in {result.search_time_s:.2f} s: {n['scored_exactly']:,} scored "
+                  f"exactly ({n['simulated']:,} pipeline simulations), {n['dominated']:,} dominated, "
+                  f"{n['pruned_by_bound']:,} pruned by a proven time bound, {n['rejected']:,} rejected")
+    for reason, count in n["rejected_by_reason"].items():
+        console.print(f"  rejected {count:>12,}  {reason}")
+    if result.non_fitting:
+        nf = result.non_fitting[0]
+        kind = "" if nf.exact else " (bound)"
+        console.print(f"fastest plan that does not fit: {nf.step_time_s:.3f} s/step{kind}, needs "
+                      f"{nf.peak_memory_gib:.1f} GiB, {nf.peak_memory_gib - result.usable_memory_gib:+.1f} GiB over "
+                      f"{result.usable_memory_gib:.1f} usable")
+    if result.sac_ilp_check:
+        console.print(f"selective AC choice checked with {result.sac_ilp_check}")
+    console.print(f"wrote {out} and {candidates}" + (f" and {report}" if report else ""))
+
+
+def what_would_fit(result: SearchResult, plan: Plan, profile: ClusterProfile) -> list[str]:
+    """Why nothing fit, and the nearest changes that would (checked with the same search)."""
+    from meshplan.planner.search import search
+
+    usable = profile.device.usable_memory_gib
+    lines = []
+    states = 12.0 * plan.model.num_params() / GIB
+    if result.non_fitting:
+        nf = min(result.non_fitting, key=lambda n: n.peak_memory_gib)
+        lines.append(f"the smallest-memory plan evaluated needs {nf.peak_memory_gib:.1f} GiB per GPU, "
+                     f"{nf.peak_memory_gib - usable:.1f} GiB more than the {usable:.1f} GiB usable")
+    need = math.ceil(states / usable)
+    lines.append(f"fp32 weights and AdamW moments alone take {states:,.0f} GiB: at least {need:,} GPUs even fully sharded")
+    trials = [("gpus", plan.gpus * 2), ("seq_len", plan.training.seq_len // 2)]
+    if plan.training.global_batch not in ("auto", None) and plan.training.global_batch > 1:
+        trials.append(("global_batch", plan.training.global_batch // 2))
+    for what, value in trials:
+        if value < 1:
+            continue
+        trial = plan.copy()
+        if what == "gpus":
+            trial.gpus = value
+        elif what == "seq_len":
+            trial.training.seq_len = value
+        else:
+            trial.training.global_batch = value
+        got = search(trial, profile, top_k=1)
+        if got.best is not None:
+            e = got.best.estimate
+            lines.append(f"with {what} = {value}: fits at {e.peak_memory_gib:.1f} GiB, {e.tokens_per_s_per_gpu:,.0f} tokens/s/GPU")
+        else:
+            lines.append(f"with {what} = {value}: still does not fit")
+    return lines
