@@ -73,6 +73,10 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH) -> 
             t += [ActivationTensor("attn_dropout_mask", "other", a * seq_len, "tp", 1.0),
                   ActivationTensor("attn_dropout_out", "other", a * seq_len, "tp")]
     t += [ActivationTensor("attn_core_out", "attention", d, "tp")]
+    if conv.attention == "flash":
+        # The output projection saves its own input: the (batch, seq, heads*dim) contiguous copy of
+        # the attention output, next to the (batch, heads, seq, dim) output SDPA keeps.
+        t += [ActivationTensor("attn_out_in", "other", d, "tp")]
     t += [ActivationTensor("attn_out_mm", "attn_out", d, "none", no_ac_saved=False),
           ActivationTensor("attn_out_rs", "attn_out", d, "sp", no_ac_saved=False)]
     if conv.dropout:

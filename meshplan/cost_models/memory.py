@@ -95,6 +95,11 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) 
     if sp.head:
         transient = max(transient, loss_buffer_bytes(lay))
     mem.parts["transient"] = transient
+    if lay.pp > 1:
+        # torch.distributed.pipelining allocates receive buffers for every micro-batch up front:
+        # the stage input in forward and its gradient in backward, for each stage on this rank.
+        hidden = tokens * lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1)
+        mem.parts["pp_buffers"] = 2 * lay.n_micro * hidden * lay.v
     if lay.cp > 1:
         # All-gathered keys and values of one layer, for the whole sequence.
         mem.parts["cp_buffers"] = 2 * lay.micro_batch * lay.seq_len * lay.spec.kv_dim / lay.tp * lay.act_bytes
@@ -149,5 +154,6 @@ def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
         # unsharded gradients in its reduce dtype (fp32), next to the current block's compute-dtype grads.
         grads = sp.layers * sp.block * 4.0 + sp.block * grad_bytes if lay.pp > 1 else 2 * sp.block * grad_bytes
         return held + grads + root
-    # Current block plus the prefetched next one, for parameters and for gradients.
-    return 2 * sp.block * gather_bytes + 2 * sp.block * grad_bytes + root
+    # The current block's parameters plus the prefetched next block's; one block of unsharded
+    # gradients, released as its reduce-scatter completes.
+    return 2 * sp.block * gather_bytes + sp.block * grad_bytes + root

@@ -109,12 +109,13 @@ def backward_order(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> l
 
 
 def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: list[float],
-             w: list[float] | None = None, p2p: float = 0.0, w_memory_share: float = 0.5) -> ScheduleResult:
+             w: list[float] | None = None, p2p: float = 0.0, w_memory_share: float = 1.0) -> ScheduleResult:
     """Simulate one optimizer step of the pipeline.
 
     f, b, w: per-stage durations of forward, backward-input and backward-weight (w is folded into b
     for schedules that do not split). p2p: activation send time between stages on different ranks.
-    w_memory_share: share of a stage's activations still held after B until its W runs.
+    w_memory_share: share of a stage's activations still held after B until its W runs. PyTorch's
+    stages compute input gradients with retain_graph=True, so the whole set stays until W (1.0).
     """
     n_stages = pp * v
     split = schedule in SPLIT_BACKWARD

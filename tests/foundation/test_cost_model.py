@@ -63,8 +63,9 @@ def test_korthikanti_per_layer_activations(tp, sp, ac, per_sbh):
 def test_pytorch_convention_llama_by_hand():
     m = resolve_model("llama3-8b")
     d, kv, f = 4096, 1024, 14336
-    # no AC, no TP: 2 norm inputs + 2 gathered norm outputs + q,k,v + attention output + 4 SwiGLU tensors
-    expected = (2 * d + 2 * d + d + 2 * kv + d + 4 * f) * 2
+    # no AC, no TP: 2 norm inputs + 2 gathered norm outputs + q,k,v + attention output (SDPA's and
+    # the output projection's contiguous copy) + 4 SwiGLU tensors
+    expected = (2 * d + 2 * d + d + 2 * kv + 2 * d + 4 * f) * 2
     assert activation_bytes_per_token(m, 8192, 1, False, "none", None, 2.0, PYTORCH) == expected
     # full AC keeps the block input only, sharded by SP
     assert activation_bytes_per_token(m, 8192, 8, True, "full", None, 2.0, PYTORCH) == d * 2 / 8

@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 BASE: dict[str, Any] = {
-    "model": "tiny", "cluster": "h100-80g-dgx", "gpus": 1,
+    "model": "tiny", "cluster": "cpu-gloo", "gpus": 1,
     "training": {"seq_len": 32, "global_batch": 8, "micro_batch": 2, "dtype": "fp32"},
     "parallel": {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "sequence_parallel": False, "async_tp": False,
                  "pp": 1, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None, "cp": 1},

@@ -28,7 +28,7 @@ def main() -> None:
         try:
             plan = plan_from_dict(case["plan"])
             opts = RunOptions(steps=case.get("steps", 5), seed=case.get("seed", 0), quiet=True,
-                              track_memory=case.get("track_memory", "off"), timing_warmup=1)
+                              track_memory=case.get("track_memory", "off"), timing_warmup=2)
             rows = run_training(plan, opts, torch.device("cpu"))
             results[case["name"]] = {"losses": [r.loss for r in rows],
                                      "peak_memory_gib": [r.peak_memory_gib for r in rows],
