@@ -21,11 +21,6 @@ STEPS = 8
 COMMON = ("--steps", str(STEPS), "--track-memory", "off", "--quiet")
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "distributed: spawns multi-process gloo worlds (torchrun)")
-    config.addinivalue_line("markers", "slow: takes more than a few seconds")
-
-
 @dataclass
 class Job:
     """One scenario: its agents (one `meshplan run` per node) and run directory."""
