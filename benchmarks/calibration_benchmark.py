@@ -1,0 +1,144 @@
+"""Calibration benchmark: how well does the cost model rank and predict real runs on this machine,
+before and after `meshplan calibrate`?
+
+Runs >= 12 distinct plans of a tiny model on 4 CPU processes (cluster cpu-gloo) covering DP, FSDP,
+HSDP, TP(+SP), PP, CP and the AC modes, plus the planner's own top choice, then prints:
+  - Spearman rank correlation of predicted vs measured throughput,
+  - the planner's top choice's measured throughput relative to the best measured plan,
+  - mean absolute relative error of predicted step time and peak memory,
+each before and after calibration. The calibration is fitted on the same runs (in-sample), and the
+planner's choice under the calibrated profile is run too when it is a new plan.
+
+    python benchmarks/calibration_benchmark.py [--steps 4] [--out bench-runs]
+
+Run directories are kept; a rerun reuses every run that already has a summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from scipy.stats import spearmanr
+
+from meshplan.cost_models.calibrate import Run, calibrate, errors, load_run, predict
+from meshplan.planner.tune import TuneConfig, planner_plans, plan_params, run_plan
+from meshplan.profiles import load_profile
+from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.plan import Plan, plan_from_dict
+from meshplan.yamlio import atomic_write_yaml
+
+MODEL, GPUS, CLUSTER, SEQ, BATCH = "tiny-4l", 4, "cpu-gloo", 128, 8
+# (dp_replicate, dp_shard, cp, tp, pp, micro_batch, ac, pp_schedule, virtual stages)
+PLANS = [
+    (4, 1, 1, 1, 1, 1, "none", "1F1B", 1),        # DDP
+    (1, 4, 1, 1, 1, 1, "none", "1F1B", 1),        # FSDP
+    (1, 4, 1, 1, 1, 2, "full", "1F1B", 1),        # FSDP + full AC
+    (1, 4, 1, 1, 1, 1, "selective", "1F1B", 1),   # FSDP + selective AC
+    (2, 2, 1, 1, 1, 1, "none", "1F1B", 1),        # HSDP
+    (1, 2, 1, 2, 1, 1, "none", "1F1B", 1),        # FSDP x TP + SP
+    (2, 1, 1, 2, 1, 2, "selective", "1F1B", 1),   # DDP x TP + SP
+    (1, 2, 1, 1, 2, 1, "none", "1F1B", 1),        # FSDP x PP
+    (1, 1, 1, 1, 4, 1, "full", "GPipe", 1),       # PP 4
+    (2, 1, 1, 1, 2, 1, "none", "Interleaved1F1B", 2),  # DDP x PP interleaved
+    (1, 2, 2, 1, 1, 1, "none", "1F1B", 1),        # FSDP x CP
+    (1, 1, 2, 2, 1, 1, "selective", "1F1B", 1),   # CP x TP
+    (1, 1, 1, 2, 2, 1, "none", "1F1B", 1),        # TP x PP
+]
+
+
+def plan_of(spec: tuple) -> Plan:
+    r, s, c, t, p, mb, ac, sched, v = spec
+    return plan_from_dict({
+        "version": 1, "model": MODEL, "cluster": CLUSTER, "gpus": GPUS,
+        "training": {"seq_len": SEQ, "global_batch": BATCH, "micro_batch": mb, "dtype": "fp32"},
+        "parallel": {"dp_replicate": r, "dp_shard": s, "cp": c, "tp": t, "pp": p, "sequence_parallel": t > 1,
+                     "async_tp": False, "pp_schedule": sched, "pp_virtual_stages": v, "pp_layers": None},
+        "memory": {"activation_checkpointing": ac, "sac_ops": None, "float8": False, "reshard_after_forward": True},
+        "compile": False})
+
+
+def measured(plan: Plan, run_dir: Path, steps: int) -> Run | None:
+    """Run the plan unless run_dir already holds a summary; None (and say why) when the run fails."""
+    if not (run_dir / "summary.json").is_file():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_yaml(run_dir / "plan.yaml", plan.to_dict())
+        out = run_plan(run_dir / "plan.yaml", run_dir, steps, timeout_s=900)
+        print(f"  {run_dir.name}: {out.status} {out.reason}", flush=True)
+        if out.status != "ok":
+            return None
+    return load_run(str(run_dir))
+
+
+def planner_choice(profile: ClusterProfile) -> Plan:
+    cfg = TuneConfig(model=MODEL, gpus=GPUS, cluster=CLUSTER, seq_len=SEQ, global_batch=BATCH, dtype="fp32",
+                     trials=0, steps=0, storage="", study="", out=Path("x.yaml"), runs_dir=Path("."), timeout_s=0, top=1)
+    return planner_plans(cfg, profile)[0]
+
+
+def same_plan(a: Plan, b: Plan) -> bool:
+    return plan_params(a) == plan_params(b) and a.parallel.pp_layers == b.parallel.pp_layers
+
+
+def find_or_run(plan: Plan, runs: list[Run], out: Path, name: str, steps: int) -> Run | None:
+    for r in runs:
+        if same_plan(r.plan, plan):
+            return r
+    run = measured(plan, out / name, steps)
+    if run is not None:
+        runs.append(run)
+    return run
+
+
+def tokens(run: Run) -> float:
+    return run.plan.training.global_batch * run.plan.training.seq_len / run.step_time_s / run.plan.gpus
+
+
+def scores(label: str, runs: list[Run], prof: ClusterProfile, choice: Run | None) -> None:
+    ests = predict(runs, prof)
+    err = errors(runs, ests)
+    rho = spearmanr([e.tokens_per_s_per_gpu for e in ests], [tokens(r) for r in runs]).statistic
+    best = max(tokens(r) for r in runs)
+    rel = f"{tokens(choice) / best:.3f}" if choice is not None else "n/a (its run failed)"
+    mem = err.mean_abs_memory
+    print(f"{label}: Spearman rho (pred vs measured tok/s) {rho:+.3f} over {len(runs)} runs; "
+          f"planner's top choice measured at {rel} of the best measured plan; "
+          f"MAE step time {err.mean_abs_step * 100:.1f}%, peak memory {'n/a' if mem is None else f'{mem * 100:.1f}%'}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--out", default="bench-runs")
+    args = ap.parse_args()
+    out = Path(args.out)
+    base = load_profile(CLUSTER)
+    print(f"{MODEL} on {GPUS} CPU processes ({CLUSTER}), seq {SEQ}, global batch {BATCH}, {args.steps} steps per run")
+    runs = [r for i, spec in enumerate(PLANS) if (r := measured(plan_of(spec), out / f"plan{i:02d}", args.steps))]
+    choice_before = find_or_run(planner_choice(base), runs, out, "planner-before", args.steps)
+    fit = calibrate(runs, base)
+    calibrated = replace(fit.profile, name=f"{CLUSTER}-calibrated")
+    choice_after = find_or_run(planner_choice(calibrated), runs, out, "planner-after", args.steps)
+    print(f"\n{len(runs)} measured runs (failed runs are left out)")
+    print(f"{'run':<16} {'plan':<46} {'meas tok/s':>10} {'pred before':>11} {'pred after':>10}")
+    before, after = predict(runs, base), predict(runs, calibrated)
+    for r, b, a in zip(runs, before, after):
+        p = r.plan.parallel
+        desc = (f"r{p.dp_replicate} s{p.dp_shard} c{p.cp} t{p.tp} p{p.pp} mb{r.plan.training.micro_batch} "
+                f"ac={r.plan.memory.activation_checkpointing} {p.pp_schedule if p.pp > 1 else ''}")
+        print(f"{Path(r.path).name:<16} {desc:<46} {tokens(r):>10.1f} {b.tokens_per_s_per_gpu:>11.1f} "
+              f"{a.tokens_per_s_per_gpu:>10.1f}")
+    print("\nfitted terms (in-sample: fitted on these same runs):")
+    for k in fit.before:
+        kept = "  (not seen by these runs: kept)" if k in fit.unconstrained else ""
+        print(f"  {k:<45} {fit.before[k]:.6g} -> {fit.after[k]:.6g}{kept}")
+    print()
+    scores("before calibration", runs, base, choice_before)
+    scores("after calibration (in-sample)", runs, calibrated, choice_after)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""meshplan calibrate: recovers known coefficients from synthetic runs; bad inputs are one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from synthetic import MESHES, TRUE_TERMS, true_profile, write_runs  # noqa: E402
+
+from meshplan.cli import main as cli_main  # noqa: E402
+from meshplan.cost_models.calibrate import calibrate, load_run  # noqa: E402
+from meshplan.profiles import load_profile  # noqa: E402
+from meshplan.profiles.registry import _load_path  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = load_profile("cpu-gloo")
+    return write_runs(tmp_path_factory.mktemp("runs"), true_profile(base))
+
+
+def test_fit_recovers_known_terms(runs):
+    base = load_profile("cpu-gloo")
+    fit = calibrate([load_run(d) for d in runs], base)
+    assert fit.unconstrained == []
+    for name, truth in TRUE_TERMS.items():
+        assert fit.after[name] == pytest.approx(truth, rel=0.03), name
+        assert fit.before[name] != pytest.approx(truth, rel=0.03), f"{name} started at the answer: test proves nothing"
+
+
+def test_command_writes_a_loadable_profile_with_provenance(runs, tmp_path, capsys):
+    out = tmp_path / "cal.yaml"
+    assert cli_main(["calibrate", *runs, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "mean |error|" in text and "in-sample" in text
+    prof = _load_path(str(out))
+    assert prof.name == "cpu-gloo-calibrated"
+    assert prof.overheads.step_overhead_s == pytest.approx(TRUE_TERMS["overheads.step_overhead_s"], rel=0.03)
+    assert prof.device.matmul.max_fraction["fp32"] == pytest.approx(0.3, rel=0.03)
+    cal = prof.provenance["calibration"]
+    assert len(cal["runs"]) == len(MESHES)
+    assert cal["errors_before"]["mean_abs_step_time"] > 0.1
+    assert cal["errors_after"]["mean_abs_step_time"] < 0.01
+    assert cal["errors_after"]["mean_abs_peak_memory"] < 0.01
+
+
+def test_unseen_terms_are_kept(tmp_path):
+    """Only pure DP runs on one node: no FSDP, no network traffic; those terms must not move."""
+    base = load_profile("cpu-gloo")
+    dp_only = [(2, 1, 1, 1, 1, 1, "none", "1F1B"), (2, 1, 1, 1, 1, 2, "full", "1F1B"), (2, 1, 1, 1, 1, 4, "none", "1F1B")]
+    runs = write_runs(tmp_path, true_profile(base), dp_only)
+    fit = calibrate([load_run(d) for d in runs], base)
+    assert "overheads.fsdp_overlap" in fit.unconstrained
+    assert "collectives.network.bus_bandwidth_scale" in fit.unconstrained
+    assert fit.after["overheads.fsdp_overlap"] == base.overheads.fsdp_overlap
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "file not found"),
+    ("{not json", "not valid JSON"),
+    (json.dumps({"plan": {}}), "no 'measured'"),
+])
+def test_bad_run_dirs_are_input_errors(tmp_path, capsys, content, message):
+    d = tmp_path / "run"
+    d.mkdir()
+    if content is not None:
+        (d / "summary.json").write_text(content)
+    assert cli_main(["calibrate", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_non_positive_measurement_is_rejected(runs, tmp_path, capsys):
+    data = json.loads(Path(runs[0], "summary.json").read_text())
+    data["measured"]["step_time_s"] = 0
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "summary.json").write_text(json.dumps(data))
+    assert cli_main(["calibrate", str(d), "--out", str(tmp_path / "x.yaml")]) == 2
+    assert "positive number" in capsys.readouterr().err
+    assert not (tmp_path / "x.yaml").exists()
