@@ -146,7 +146,10 @@ def _nothing_fits(result: SearchResult, plan, profile, args) -> int:
         json.dump({"best": None, "search": _search_json(result), "what_would_fit": lines}, sys.stdout, indent=2)
         print()
     else:
-        print("meshplan plan: no plan fits in memory; nothing written.", file=sys.stderr)
+        from meshplan.planner.constraints import NO_FIT
+
+        what = "fits in memory" if result.rejections.get(NO_FIT) else "satisfies the constraints"
+        print(f"meshplan plan: no plan {what}; nothing written.", file=sys.stderr)
         for line in lines:
             print(f"  {line}", file=sys.stderr)
     return 2

@@ -89,7 +89,7 @@ def solve_sac_ilp(items: SacItems, budget_bytes_per_token: float) -> tuple[str, 
     status = prob.solve(pulp.PULP_CBC_CMD(msg=False))
     if pulp.LpStatus[status] != "Optimal":
         return None
-    return _canonical(tuple(k for k in items.kinds if x[k].value() > 0.5))
+    return _canonical(tuple(k for k in items.kinds if (x[k].value() or 0.0) > 0.5))
 
 
 def _canonical(saved: tuple[str, ...]) -> tuple[str, ...]:

@@ -143,6 +143,7 @@ class _Search:
         self._pareto: dict = {}
         self._sac_choice: dict = {}
         self._layer_cache: dict = {}
+        self._sim_cache: dict = {}
         self._split_cache: dict = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
@@ -409,14 +410,11 @@ class _Search:
     def score(self, lay: Layout, order, parts: StepParts | None = None) -> None:
         parts = parts or step_parts(lay, self.prof, order)
         if lay.pp > 1:
-            d = parts.durations
             try:
-                makespan, _, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
-                                                          tuple(d.backward), tuple(d.weight), d.p2p)
+                makespan, in_flight = self.simulate_scaled(lay, parts.durations)
             except RuntimeError:
                 self.reject(MICROBATCHES, 1)
                 return
-            self.n_sim += 1
         else:
             makespan, in_flight = parts.busy[0], (1.0,)
         step = compose_step(lay, self.prof, parts, makespan)[0]
@@ -429,6 +427,26 @@ class _Search:
             return
         self.n_exact += 1
         self.keep(cand)
+
+    def simulate_scaled(self, lay: Layout, d) -> tuple[float, tuple[float, ...]]:
+        """The schedule simulation on durations in units of the first stage's forward, rounded to
+        1%: leaves of neighbouring classes differ mostly by a scale, so one simulation serves many.
+        The top K are re-simulated exactly (estimate_layout) before they are ranked and written."""
+        unit = d.forward[0] or max(d.forward) or 1.0
+
+        def norm(xs):
+            return tuple(round(x / unit, 2) for x in xs)
+
+        key = (lay.schedule, lay.pp, lay.v, lay.n_micro, norm(d.forward), norm(d.backward), norm(d.weight),
+               round(d.p2p / unit, 2))
+        got = self._sim_cache.get(key)
+        if got is None:
+            f, b, w = ([x * unit for x in key[i]] for i in (4, 5, 6))
+            makespan, _, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f), tuple(b),
+                                                      tuple(w), key[7] * unit)
+            got = self._sim_cache[key] = (makespan / unit, in_flight)
+            self.n_sim += 1
+        return got[0] * unit, got[1]
 
     # -- selective activation checkpointing: the SAC ILP ---------------------------------
     def with_sac(self, lay: Layout, order, sac: Any, in_flight: float) -> Layout:
@@ -494,9 +512,12 @@ def search(plan: Plan, profile: ClusterProfile, top_k: int = 10, excludes: dict[
     s.run()
     ranked = [c for _, _, c in sorted(s.top, key=lambda x: -x[0])]
     for cand in ranked:
+        # The exact estimate (exact schedule simulation) replaces the screening figures.
         cand.estimate = estimate_layout(cand.layout, profile, cand.order)
+        cand.step_time_s, cand.peak_memory_gib = cand.estimate.step_time_s, cand.estimate.peak_memory_gib
         cand.placement = placement_for(cand.layout, cand.order, profile)
-    ranked.sort(key=lambda c: c.estimate.step_time_s)
+    ranked = [c for c in ranked if c.estimate.fits]
+    ranked.sort(key=lambda c: (c.estimate.step_time_s, c.estimate.peak_memory_gib))
     nonfit = sorted(s.nonfit, key=lambda n: n.step_time_s)[:5]
     result = SearchResult(ranked, s.size, s.rejections, s.n_exact, s.n_sim, s.n_dom, s.n_bounded, nonfit,
                           s.usable, time.perf_counter() - t0, list(space.assumptions), [], space.plan,

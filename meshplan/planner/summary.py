@@ -90,7 +90,8 @@ def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, cand
     console.print(table)
     n = result.counts()
     console.print(f"searched {n['space']:,} plans in {result.search_time_s:.2f} s: {n['scored_exactly']:,} scored "
-                  f"exactly ({n['simulated']:,} pipeline simulations), {n['dominated']:,} dominated, "
+                  f"({n['simulated']:,} pipeline simulations on durations rounded to 1%; the top {len(result.ranked)} "
+                  f"re-simulated exactly), {n['dominated']:,} dominated, "
                   f"{n['pruned_by_bound']:,} pruned by a proven time bound, {n['rejected']:,} rejected")
     for reason, count in n["rejected_by_reason"].items():
         console.print(f"  rejected {count:>12,}  {reason}")
@@ -109,6 +110,11 @@ def what_would_fit(result: SearchResult, plan: Plan, profile: ClusterProfile) ->
     """Why nothing fit, and the nearest changes that would (checked with the same search)."""
     from meshplan.planner.search import search
 
+    from meshplan.planner.constraints import NO_FIT
+
+    if not result.rejections.get(NO_FIT):
+        reasons = [f"{count:,} plans: {reason}" for reason, count in result.rejections.items() if count]
+        return ["no plan satisfies the constraints:"] + reasons
     usable = profile.device.usable_memory_gib
     lines = []
     states = 12.0 * plan.model.num_params() / GIB
@@ -118,23 +124,38 @@ def what_would_fit(result: SearchResult, plan: Plan, profile: ClusterProfile) ->
                      f"{nf.peak_memory_gib - usable:.1f} GiB more than the {usable:.1f} GiB usable")
     need = math.ceil(states / usable)
     lines.append(f"fp32 weights and AdamW moments alone take {states:,.0f} GiB: at least {need:,} GPUs even fully sharded")
-    trials = [("gpus", plan.gpus * 2), ("seq_len", plan.training.seq_len // 2)]
-    if plan.training.global_batch not in ("auto", None) and plan.training.global_batch > 1:
-        trials.append(("global_batch", plan.training.global_batch // 2))
-    for what, value in trials:
-        if value < 1:
-            continue
-        trial = plan.copy()
-        if what == "gpus":
-            trial.gpus = value
-        elif what == "seq_len":
-            trial.training.seq_len = value
-        else:
-            trial.training.global_batch = value
-        got = search(trial, profile, top_k=1)
-        if got.best is not None:
-            e = got.best.estimate
-            lines.append(f"with {what} = {value}: fits at {e.peak_memory_gib:.1f} GiB, {e.tokens_per_s_per_gpu:,.0f} tokens/s/GPU")
-        else:
-            lines.append(f"with {what} = {value}: still does not fit")
+    # More GPUs: the first power of two from the lower bound that really fits (a few doublings at most).
+    gpus = max(plan.gpus * 2, 1 << max(0, (need - 1).bit_length()))
+    for _ in range(4):
+        got = _trial(search, plan, profile, gpus=gpus)
+        if got is not None:
+            lines.append(f"with gpus = {gpus:,}: fits at {got.peak_memory_gib:.1f} GiB, {got.tokens_per_s_per_gpu:,.0f} tokens/s/GPU")
+            break
+        gpus *= 2
+    else:
+        lines.append(f"with up to {gpus // 2:,} GPUs: still does not fit")
+    for what, value in (("seq_len", plan.training.seq_len // 2), ("global_batch", _half_batch(plan))):
+        if value and value >= 1:
+            got = _trial(search, plan, profile, **{what: value})
+            verdict = (f"fits at {got.peak_memory_gib:.1f} GiB, {got.tokens_per_s_per_gpu:,.0f} tokens/s/GPU"
+                       if got is not None else "still does not fit")
+            lines.append(f"with {what} = {value:,}: {verdict}")
     return lines
+
+
+def _half_batch(plan: Plan) -> int | None:
+    gb = plan.training.global_batch
+    return gb // 2 if isinstance(gb, int) and gb > 1 else None
+
+
+def _trial(search, plan: Plan, profile: ClusterProfile, gpus: int | None = None, seq_len: int | None = None,
+           global_batch: int | None = None):
+    trial = plan.copy()
+    if gpus:
+        trial.gpus = gpus
+    if seq_len:
+        trial.training.seq_len = seq_len
+    if global_batch:
+        trial.training.global_batch = global_batch
+    got = search(trial, profile, top_k=1)
+    return got.best.estimate if got.best is not None else None

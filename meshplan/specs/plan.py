@@ -262,6 +262,8 @@ def _check_pipeline(plan: Plan) -> None:
     p, n_layers = plan.parallel, plan.model.n_layers
     if not _known(p.pp):
         return
+    if p.pp > n_layers:
+        raise InputError("parallel.pp", f"must be <= n_layers ({n_layers}), got {p.pp}")
     if p.pp == 1:
         if _known(p.pp_virtual_stages) and p.pp_virtual_stages != 1:
             raise InputError("parallel.pp_virtual_stages", f"must be 1 when pp is 1, got {p.pp_virtual_stages}")

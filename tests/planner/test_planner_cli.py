@@ -1,0 +1,147 @@
+"""`meshplan plan` in-process: --fix pins, --exclude, bad input (one line, exit 2, nothing written),
+and what it says when nothing fits."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import yaml
+
+from meshplan import cli
+
+BASE = ["plan", "--model", "tiny-4l", "--gpus", "8", "--seq-len", "256", "--global-batch", "16"]
+
+
+def plan_cmd(tmp_path, *extra):
+    out = tmp_path / "best.yaml"
+    return [*BASE, *extra, "--out", str(out)], out
+
+
+def written(tmp_path):
+    return sorted(p.name for p in tmp_path.iterdir())
+
+
+def test_fix_pins_are_kept(tmp_path, capsys):
+    argv, out = plan_cmd(tmp_path, "--fix", "parallel.tp=2", "--fix", "memory.activation_checkpointing=full",
+                         "--fix", "parallel.pp=2", "--fix", "parallel.pp_schedule=1F1B")
+    assert cli.main(argv) == 0
+    d = yaml.safe_load(out.read_text())
+    assert d["parallel"]["tp"] == 2
+    assert d["parallel"]["pp"] == 2
+    assert d["parallel"]["pp_schedule"] == "1F1B"
+    assert d["parallel"]["pp_virtual_stages"] == 1
+    assert d["memory"]["activation_checkpointing"] == "full"
+    assert d["memory"]["sac_ops"] is None
+    p = d["parallel"]
+    assert p["dp_replicate"] * p["dp_shard"] * p["cp"] * p["tp"] * p["pp"] == 8
+    # every candidate in the CSV beside the plan keeps the pins too
+    rows = list(csv.DictReader((tmp_path / "best.candidates.csv").open()))
+    assert rows
+    for r in rows:
+        assert (r["parallel.tp"], r["parallel.pp"], r["parallel.pp_schedule"], r["memory.activation_checkpointing"]) \
+            == ("2", "2", "1F1B", "full")
+
+
+def test_fix_compile_and_micro_batch(tmp_path, capsys):
+    argv, out = plan_cmd(tmp_path, "--fix", "compile=false", "--fix", "training.micro_batch=4",
+                         "--fix", "memory.float8=true")
+    assert cli.main(argv) == 0
+    d = yaml.safe_load(out.read_text())
+    assert d["compile"] is False and d["training"]["micro_batch"] == 4 and d["memory"]["float8"] is True
+
+
+def test_exclude_schedule_never_returned(tmp_path, capsys):
+    argv, out = plan_cmd(tmp_path, "--fix", "parallel.pp=2", "--exclude", "parallel.pp_schedule=GPipe",
+                         "--exclude", "parallel.pp_schedule=[ZBVZeroBubble, DualPipeV]", "--top", "50")
+    assert cli.main(argv) == 0
+    d = yaml.safe_load(out.read_text())
+    assert d["parallel"]["pp"] == 2 and d["parallel"]["pp_schedule"] not in ("GPipe", "ZBVZeroBubble", "DualPipeV")
+    schedules = {r["parallel.pp_schedule"] for r in csv.DictReader((tmp_path / "best.candidates.csv").open())}
+    assert schedules and not schedules & {"GPipe", "ZBVZeroBubble", "DualPipeV"}, schedules
+
+
+def test_exclude_via_search_api():
+    """The library entry takes the same excludes: nothing excluded appears among scored leaves."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from planner_brute import make_plan
+
+    from meshplan.planner.search import search
+    from meshplan.profiles.registry import load_profile
+
+    plan = make_plan("tiny-4l", 8, 256, 16, fix=("parallel.pp=2", "compile=true"))
+    res = search(plan, load_profile("h100-80g-dgx"), top_k=20,
+                 excludes={"parallel.pp_schedule": ["GPipe"], "parallel.tp": [2], "memory.float8": [True]})
+    assert res.ranked
+    for c in res.ranked + res.scored:
+        assert c.layout.schedule != "GPipe" and c.layout.tp != 2 and not c.layout.float8
+
+
+@pytest.mark.parametrize("fix,needle", [
+    ("foo.tp=2", "foo.tp"),  # unknown section
+    ("parallel.tpp=2", "parallel.tpp"),  # unknown field
+    ("parallel.tp=three", "parallel.tp"),  # not an integer
+    ("parallel.tp=8", "parallel.tp"),  # does not divide the 4 heads / 2 kv heads
+    ("memory.activation_checkpointing=sometimes", "activation_checkpointing"),
+    ("parallel.pp_schedule=Zigzag", "pp_schedule"),
+    ("parallel.tp", "--fix"),  # no '='
+    ("parallel.cp=3", "parallel"),  # degrees cannot multiply to 8
+])
+def test_bad_fix_is_one_line_exit_2_nothing_written(tmp_path, capsys, fix, needle):
+    argv, out = plan_cmd(tmp_path, "--fix", fix)
+    assert cli.main(argv) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert err and "\n" not in err, err
+    assert "Traceback" not in cap.err + cap.out
+    assert needle in err, err
+    assert written(tmp_path) == []
+
+
+def test_bad_exclude_is_one_line(tmp_path, capsys):
+    argv, out = plan_cmd(tmp_path, "--exclude", "bogus=1")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "bogus" in err
+    assert written(tmp_path) == []
+
+
+def test_nothing_fits_names_memory_and_suggests(tmp_path, capsys):
+    out = tmp_path / "best.yaml"
+    assert cli.main(["plan", "--model", "llama3-70b", "--gpus", "2", "--out", str(out)]) == 2
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.err
+    err = cap.err
+    assert "no plan fits" in err
+    assert "GiB" in err  # how much memory is needed
+    assert "GPUs" in err  # and how many GPUs it would take at least
+    assert written(tmp_path) == []
+
+
+def test_nothing_fits_json(tmp_path, capsys):
+    out = tmp_path / "best.yaml"
+    assert cli.main(["plan", "--model", "llama3-70b", "--gpus", "2", "--out", str(out), "--json"]) == 2
+    import json
+
+    d = json.loads(capsys.readouterr().out)
+    assert d["best"] is None and d["what_would_fit"]
+    n = d["search"]["counts"]
+    assert n["accounted"] == n["space"] and n["rejected_by_reason"].get("does not fit in memory")
+    assert written(tmp_path) == []
+
+
+def test_nothing_fits_suggests_a_configuration_that_fits(tmp_path, capsys):
+    out = tmp_path / "best.yaml"
+    assert cli.main(["plan", "--model", "llama3-70b", "--gpus", "2", "--out", str(out)]) == 2
+    assert "fits at" in capsys.readouterr().err
+
+
+def test_impossible_pipeline_is_not_reported_as_memory(tmp_path, capsys):
+    argv, out = plan_cmd(tmp_path, "--fix", "parallel.pp=8")
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "memory" not in err and ("n_layers" in err or "pp" in err), err
+    assert written(tmp_path) == []
