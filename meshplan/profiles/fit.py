@@ -78,14 +78,7 @@ def _minimax_relative(x: np.ndarray, t: np.ndarray) -> LinearFit:
         b = (lo + hi) / 2
         return b, _max_rel(LinearFit(a, b), x, t)
 
-    lo, hi = 0.0, float(np.min(t))
-    for _ in range(40):
-        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        if best_b(m1)[1] < best_b(m2)[1]:
-            hi = m2
-        else:
-            lo = m1
-    a = (lo + hi) / 2
+    a = _ternary_min(lambda x: best_b(x)[1], 0.0, float(np.min(t)), 40)
     return LinearFit(latency_s=a, seconds_per_byte=best_b(a)[0])
 
 
@@ -163,13 +156,8 @@ def fit_matmul(points: Sequence[dict], peak_tflops: dict[str, float]) -> MatmulF
     errs = [solve(h)[0] for h in grid]
     i = int(np.argmin(errs))
     lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-    for _ in range(60):  # refine between the grid neighbours (the error is unimodal there in practice)
-        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        if solve(m1)[0] < solve(m2)[0]:
-            hi = m2
-        else:
-            lo = m1
-    h = (lo + hi) / 2
+    # Refine between the grid neighbours (the error is unimodal there in practice).
+    h = _ternary_min(lambda x: solve(x)[0], lo, hi, 60)
     sse, fracs = solve(h)
     n = sum(len(v[1]) for v in by_dtype.values())
     return MatmulFit(max_fraction=fracs, half_dim=float(h), rms_log_error=math.sqrt(sse / n))
@@ -232,3 +220,14 @@ def fit_two_pieces(nbytes: Sequence[float], effective_bytes: Sequence[float], ti
         if best is None or worst < best[0]:
             best = (worst, segs)
     return None if best is None else best[1]
+
+
+def _ternary_min(f, lo: float, hi: float, iterations: int) -> float:
+    """The minimiser of a unimodal f on [lo, hi] by ternary search."""
+    for _ in range(iterations):
+        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if f(m1) < f(m2):
+            hi = m2
+        else:
+            lo = m1
+    return (lo + hi) / 2

@@ -5,14 +5,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-BASE: dict[str, Any] = {
-    "model": "tiny", "cluster": "cpu-gloo", "gpus": 1,
-    "training": {"seq_len": 32, "global_batch": 8, "micro_batch": 2, "dtype": "fp32"},
-    "parallel": {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "sequence_parallel": False, "async_tp": False,
-                 "pp": 1, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None, "cp": 1},
-    "memory": {"activation_checkpointing": "none", "sac_ops": None, "float8": False, "reshard_after_forward": True},
-    "compile": False,
-}
+from plan_base import base_plan
+
+BASE: dict[str, Any] = base_plan("tiny", "cpu-gloo")
 
 
 def plan(model: str = "tiny", *, memory: dict | None = None, **parallel: Any) -> dict[str, Any]:

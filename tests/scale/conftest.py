@@ -14,10 +14,9 @@ import pytest
 # Lets tests import helpers.py next to them.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import Run, free_port, metrics, plan, start_run, write_plan  # noqa: E402
+from helpers import STEPS, Run, free_port, metrics, plan, start_run, write_plan  # noqa: E402
 from meshplan.runtime.checkpoint import latest  # noqa: E402
 
-STEPS = 8
 COMMON = ("--steps", str(STEPS), "--track-memory", "off", "--quiet")
 
 

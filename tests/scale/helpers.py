@@ -16,17 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from plan_base import base_plan
 
 RUN_TIMEOUT_S = 180
+STEPS = 8  # steps of every scale scenario
 
-BASE: dict[str, Any] = {
-    "model": "tiny-4l", "cluster": "h100-80g-dgx", "gpus": 1,
-    "training": {"seq_len": 32, "global_batch": 8, "micro_batch": 2, "dtype": "fp32"},
-    "parallel": {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "sequence_parallel": False, "async_tp": False,
-                 "pp": 1, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None, "cp": 1},
-    "memory": {"activation_checkpointing": "none", "sac_ops": None, "float8": False, "reshard_after_forward": True},
-    "compile": False,
-}
+BASE: dict[str, Any] = base_plan("tiny-4l", "h100-80g-dgx")
 
 
 def plan(**parallel: Any) -> dict[str, Any]:

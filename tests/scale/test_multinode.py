@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import STEPS
+from helpers import STEPS
 from helpers import assert_losses_match, losses
 from meshplan.cli import main as cli_main
 

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from conftest import STEPS
+from helpers import STEPS
 from helpers import assert_losses_match, losses, metrics
 from meshplan.runtime import checkpoint
 

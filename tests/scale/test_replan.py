@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import STEPS
+from helpers import STEPS
 from helpers import assert_losses_match, losses, metrics
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
