@@ -51,11 +51,6 @@ class ActivationTensor:
     no_ac_saved: bool = True  # kept when there is no checkpointing at all
 
 
-@lru_cache(maxsize=4096)
-def _block_tensors_cached(spec: ModelSpec, seq_len: int, conv: "Convention") -> tuple:
-    return tuple(block_tensors(spec, seq_len, conv))
-
-
 def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH) -> list[ActivationTensor]:
     """Tensors a block produces that backward may need, per token (seq_len: keys each query sees)."""
     d, kv, f, a = spec.dim, spec.kv_dim, spec.ffn_dim, spec.n_heads

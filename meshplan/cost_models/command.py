@@ -21,8 +21,7 @@ def fill_auto(plan: Plan, profile) -> tuple[Plan, Estimate]:
     if best is None:
         raise InputError("plan", "no completion of its auto fields fits in memory or divides evenly; "
                                  "run `meshplan plan` for what would")
-    filled = result.best_plan()
-    return filled, estimate_plan(filled, profile)
+    return result.best_plan(), best.estimate  # the search's exact estimate of that plan
 
 
 def _print_breakdown(plan: Plan, est: Estimate) -> None:

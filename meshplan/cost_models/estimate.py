@@ -11,7 +11,7 @@ from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
 from meshplan.cost_models.layout import Layout, layout_of
-from meshplan.cost_models.memory import GIB, RankMemory, rank_memory, stage_params
+from meshplan.cost_models.memory import GIB, rank_memory, stage_params
 from meshplan.cost_models.pipeline import ScheduleResult, simulate, stage_rank
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile

@@ -66,12 +66,6 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
     return StageParams(layers, block, emb, head)
 
 
-def _stage_rank(lay: Layout, stage: int) -> int:
-    from meshplan.cost_models.pipeline import stage_rank
-
-    return stage_rank(stage, lay.pp, lay.schedule)
-
-
 def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) -> RankMemory:
     """Peak bytes on pipeline rank `rank`; in_flight = (stage, micro-batch) activation sets held at peak."""
     sp = stage_params(lay, rank)

@@ -316,12 +316,3 @@ def makespan_lower_bound(schedule: str, pp: int, v: int, n_micro: int, f: list[f
         tail = 0.0 if split else lead_b[k] + hops[k] * p2p
         best = max(best, lead_f[k] + hops[k] * p2p + busy[r] + tail)
     return best
-
-
-@lru_cache(maxsize=4096)
-def simulate_uniform(schedule: str, pp: int, v: int, n_micro: int, f: float, b: float, w: float,
-                     p2p: float) -> tuple[float, float, tuple[float, ...]]:
-    """Cached simulation with equal stages: (makespan, bubble_time, peak in-flight per rank)."""
-    n = pp * v
-    res = simulate(schedule, pp, v, n_micro, [f] * n, [b] * n, [w] * n, p2p)
-    return res.makespan, res.bubble_time, tuple(res.peak_in_flight)

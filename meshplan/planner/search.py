@@ -27,18 +27,14 @@ from meshplan.cost_models.layout import Layout, even_split
 from meshplan.cost_models.memory import GIB, rank_memory, stage_params
 
 
-def _replace(lay: Layout, **changes) -> Layout:
-    return lay.with_(**changes)
-
-
 def stage_params_layers(lay: Layout, rank: int) -> int:
     return stage_params(lay, rank).layers
 from meshplan.cost_models.pipeline import bound_kind, in_flight_limit, makespan_lower_bound
-from meshplan.planner.constraints import (BATCH, MICROBATCHES, NO_FIT, PP_LAYERS, REASONS, SCHEDULE_V, SP_SEQ,
+from meshplan.planner.constraints import (BATCH, MICROBATCHES, NO_FIT, PP_LAYERS, REASONS, SP_SEQ, SPLIT,
                                           batch_reason, mesh_reason, microbatch_reason, schedule_reason, sp_reason)
 from meshplan.planner.placement import distinct_orders, placement_for
 from meshplan.planner.sac_ilp import SacItems, pareto_subsets, solve_sac_ilp
-from meshplan.planner.space import BALANCED, EVEN, SAC_DEFAULT, SAC_ILP, Mesh, Space
+from meshplan.planner.space import EVEN, SAC_ILP, Mesh, Space
 from meshplan.planner.stage_split import balanced_split
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import SAC_OPS, Plan
@@ -286,8 +282,8 @@ class _Search:
                 lay = self.layout(m, mb, sp, ac, sac, f8, reshard)
                 self.n_dom += n_sched * variants - n_sched
                 # For the SAC ILP class, the fastest member saves everything, the smallest saves nothing.
-                fast = _replace(lay, sac_ops=tuple(SAC_OPS)) if sac == SAC_ILP else lay
-                small = _replace(lay, sac_ops=()) if sac == SAC_ILP else lay
+                fast = lay.with_(sac_ops=tuple(SAC_OPS)) if sac == SAC_ILP else lay
+                small = lay.with_(sac_ops=()) if sac == SAC_ILP else lay
                 mem = self.rank_memory_bound_gib(small)
                 bound = self.class_time_bound(fast, order)
                 if mem > self.usable:
@@ -344,10 +340,10 @@ class _Search:
         for v, scheds in by_v.items():
             seen_splits: set = set()
             for split in s.split_options(base.pp):
-                probe = _replace(base, schedule=scheds[0], v=v)
+                probe = base.with_(schedule=scheds[0], v=v)
                 reason = schedule_reason(self.spec.n_layers, base.pp, scheds[0], v,
                                          list(split) if isinstance(split, tuple) else None)
-                if reason == PP_LAYERS or reason == "pp_layers does not match pp*virtual stages / n_layers":
+                if reason in (PP_LAYERS, SPLIT):
                     self.reject(reason, len(scheds))
                     continue
                 layers = self.stage_layers(probe, c.order, split)
@@ -357,7 +353,7 @@ class _Search:
                 seen_splits.add(layers)
                 # Durations depend on v, split and the saved op kinds, not on the schedule. For the SAC
                 # ILP class the save-everything member is the fastest: its bound holds for the class.
-                fast = _replace(base, v=v, stage_layers=layers,
+                fast = base.with_(v=v, stage_layers=layers,
                                 sac_ops=tuple(SAC_OPS) if c.sac == SAC_ILP else base.sac_ops)
                 fast_parts = step_parts(fast, self.prof, c.order)
                 fd = fast_parts.durations
@@ -376,7 +372,7 @@ class _Search:
                     if quick + self.prof.overheads.step_overhead_s >= self.kth():
                         self.n_bounded += 1
                         continue
-                    lay = _replace(base, schedule=sched, v=v, stage_layers=layers)
+                    lay = base.with_(schedule=sched, v=v, stage_layers=layers)
                     lay = self.with_sac(lay, c.order, c.sac, float(in_flight_limit(sched, base.pp, v, 0, base.n_micro)))
                     if lay.sac_ops == fast.sac_ops:
                         parts, bound = fast_parts, quick
@@ -397,7 +393,7 @@ class _Search:
         if split == EVEN:
             return even
         per_layer, _ = self.per_layer_times(lay, order)
-        even_parts = step_parts(_replace(lay, stage_layers=even), self.prof, order).durations
+        even_parts = step_parts(lay.with_(stage_layers=even), self.prof, order).durations
         extras = [even_parts.forward[i] + even_parts.backward[i] + even_parts.weight[i] - even[i] * per_layer
                   for i in range(lay.n_stages)]
         # The balanced split depends only on the stage count and the ends' extra work in layers.
@@ -459,11 +455,11 @@ class _Search:
         chosen = self._sac_choice.get(key)
         if chosen is None:
             chosen = self._sac_choice[key] = self._choose_sac(lay, order, in_flight)
-        return _replace(lay, sac_ops=chosen)
+        return lay.with_(sac_ops=chosen)
 
     def _choose_sac(self, lay: Layout, order, in_flight: float) -> tuple[str, ...]:
         items = self.sac_items(lay, order)
-        none_saved = _replace(lay, sac_ops=())
+        none_saved = lay.with_(sac_ops=())
         base = rank_memory(none_saved, 0, in_flight, self.prof.overheads).total
         layers = stage_params_layers(lay, 0) / lay.v
         per_byte = (1 + self.prof.overheads.memory_fragmentation) * in_flight * lay.tokens_per_micro * layers
@@ -485,13 +481,13 @@ class _Search:
         items = self._sac_cache.get(key)
         if items is not None:
             return items
-        ref = _replace(lay, ac="selective")
+        ref = lay.with_(ac="selective")
 
         def act(sub: tuple[str, ...]) -> float:
             return activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, "selective", sub, lay.act_bytes)
 
         def recompute(sub: tuple[str, ...]) -> float:
-            return step_parts(_replace(ref, sac_ops=sub), self.prof, order).bt.recompute
+            return step_parts(ref.with_(sac_ops=sub), self.prof, order).bt.recompute
 
         base = act(())
         b = {k: act((k,)) - base for k in SAC_OPS}

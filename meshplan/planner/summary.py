@@ -46,13 +46,9 @@ def write_candidates(result: SearchResult, out: Path) -> Path:
     """Every exactly scored candidate beside the plan (<stem>.candidates.csv), best first."""
     import pandas as pd
 
-    from meshplan.cost_models.estimate import estimate_layout
-
-    profile_rank = {id(c): i + 1 for i, c in enumerate(result.ranked)}
-    ranked_ids = set(profile_rank)
-    rest = sorted((c for c in result.scored if id(c) not in ranked_ids), key=lambda c: c.step_time_s)
-    profile = result.profile
-    rows = [candidate_row(c, result.base_plan, profile, profile_rank.get(id(c))) for c in result.ranked + rest]
+    rank_of = {id(c): i + 1 for i, c in enumerate(result.ranked)}
+    rest = sorted((c for c in result.scored if id(c) not in rank_of), key=lambda c: c.step_time_s)
+    rows = [candidate_row(c, result.base_plan, result.profile, rank_of.get(id(c))) for c in result.ranked + rest]
     path = candidates_path(out)
     atomic_write_text(path, pd.DataFrame(rows).to_csv(index=False))
     return path

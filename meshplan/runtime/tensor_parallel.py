@@ -9,7 +9,6 @@ sharded on the vocab dim for loss_parallel (cross-entropy without gathering the 
 
 from __future__ import annotations
 
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,

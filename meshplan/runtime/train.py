@@ -22,7 +22,7 @@ from meshplan.runtime import checkpoint
 from meshplan.runtime.context_parallel import shard_sequence
 from meshplan.runtime.data import BatchSpec, local_rows, make_source
 from meshplan.runtime.faults import maybe_fail
-from meshplan.runtime.mesh import Meshes, ParallelDims, build_mesh
+from meshplan.runtime.mesh import ParallelDims, build_mesh
 from meshplan.runtime.metrics import (GIB, LiveTensorMemory, MetricsLog, StepMetrics, flops_per_token,
                                       load_profile_or_none, peak_flops_per_device)
 from meshplan.runtime.options import RunOptions, check_runnable

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from meshplan.errors import InputError
 from meshplan.fields import as_bool, as_choice, as_float, as_int, as_str, reject_unknown, require_mapping
