@@ -72,7 +72,7 @@ class Overheads:
     """Terms fitted to measurements rather than derived: how much of communication hides, and memory slack."""
 
     fsdp_overlap: float = 0.9  # fraction of FSDP/DP comm hidden when compute is longer
-    tp_async_overlap: float = 0.7  # fraction of TP comm hidden by async TP
+    tp_async_overlap: float = 0.21  # fraction of TP comm hidden by async TP (TorchTitan A/B, see built-ins)
     cp_overlap: float = 0.8
     memory_fragmentation: float = 0.05  # allocator slack on top of live tensors
     context_gib: float = 1.0  # CUDA context, NCCL buffers and workspace per rank
