@@ -12,7 +12,7 @@ from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
 from meshplan.cost_models.layout import Layout, layout_of
 from meshplan.cost_models.memory import GIB, rank_memory, stage_params
-from meshplan.cost_models.pipeline import ScheduleResult, simulate, stage_rank
+from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, stage_rank
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
@@ -189,11 +189,7 @@ def step_parts(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAU
 
 def rank_busy(lay: Layout, d: StageDurations) -> tuple[float, ...]:
     """Each pipeline rank's work over the step under the layout's schedule (its stage placement)."""
-    busy = [0.0] * lay.pp
-    m = lay.n_micro
-    for s in range(lay.n_stages):
-        busy[stage_rank(s, lay.pp, lay.schedule)] += m * (d.forward[s] + d.backward[s] + d.weight[s])
-    return tuple(busy)
+    return rank_work(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight)
 
 
 def compose_step(lay: Layout, prof: ClusterProfile, parts: StepParts, makespan: float) -> tuple[float, int, float, dict, float]:

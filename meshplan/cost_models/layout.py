@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
@@ -72,6 +73,7 @@ class Layout:
         return self.pp * self.v
 
 
+@lru_cache(maxsize=4096)
 def even_split(n_layers: int, n_stages: int) -> tuple[int, ...]:
     base, extra = divmod(n_layers, n_stages)
     return tuple(base + (1 if i < extra else 0) for i in range(n_stages))

@@ -13,6 +13,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+import numpy as np
+
 SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 FORWARD_FIRST = ("GPipe", "LoopedBFS")
@@ -275,9 +277,58 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     return result
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where the stages of one (pp, v, placement kind) live, as arrays for the bound and the work sums."""
+
+    ranks: np.ndarray  # rank of each stage
+    first: np.ndarray  # first (lowest) stage of each rank
+    hops: np.ndarray  # rank-to-rank sends micro-batch 0 makes before reaching each rank's first stage
+    rank_list: tuple[int, ...]  # ranks again, as Python ints
+
+
 @lru_cache(maxsize=4096)
-def _stage_ranks(pp: int, v: int, v_shaped: bool) -> tuple[int, ...]:
-    return tuple(stage_rank(s, pp, "ZBVZeroBubble" if v_shaped else "1F1B") for s in range(pp * v))
+def placement(pp: int, v: int, v_shaped: bool) -> Placement:
+    ranks = np.array([stage_rank(s, pp, "ZBVZeroBubble" if v_shaped else "1F1B") for s in range(pp * v)])
+    first = np.array([int(np.flatnonzero(ranks == r)[0]) for r in range(pp)])
+    crossings = np.concatenate(([0], np.cumsum(ranks[1:] != ranks[:-1])))
+    return Placement(ranks, first, crossings[first], tuple(int(r) for r in ranks))
+
+
+def rank_work(schedule: str, pp: int, v: int, n_micro: int, f, b, w) -> tuple[float, ...]:
+    """Each rank's work over the step: n_micro times the F + B + W of the stages it holds."""
+    pl = placement(pp, v, schedule in V_SHAPED)
+    if pp * v > 64:
+        return tuple((n_micro * np.bincount(pl.ranks, weights=np.add(np.add(f, b), w), minlength=pp)).tolist())
+    work = [0.0] * pp  # a plain loop beats numpy's call overhead on a few stages
+    for s, r in enumerate(pl.rank_list):
+        work[r] += f[s] + b[s] + w[s]
+    return tuple(n_micro * x for x in work)
+
+
+@lru_cache(maxsize=65536)
+def linear_bound_rows(pp: int, v: int, v_shaped: bool, split_backward: bool,
+                      stage_layers: tuple[int, ...]) -> np.ndarray:
+    """makespan_lower_bound, for durations linear in each stage's layers, as one row per rank.
+
+    With one layer's forward a_f and backward + weight a_bw per micro-batch, the embedding's forward
+    e on the first stage and the head's forward + backward h on the last, the bound is
+    max(rows @ (a_f, a_bw, m * (a_f + a_bw), m * e, m * h, e, p2p)): the planner bounds thousands of
+    (split, schedule) leaves with one small product each instead of building their durations.
+    """
+    pl = placement(pp, v, v_shaped)
+    n = np.asarray(stage_layers, dtype=float)
+    layers_before_first = (np.cumsum(n) - n)[pl.first]
+    rows = np.zeros((pp, 7))
+    rows[:, 0] = layers_before_first  # lead: forward of the stages before the rank's first
+    if not split_backward:
+        rows[:, 1] = layers_before_first  # tail: their backward, after the rank's last
+    rows[:, 2] = np.bincount(pl.ranks, weights=n, minlength=pp)  # the rank's own layers
+    rows[pl.ranks[0], 3] = 1.0  # the embedding's stage
+    rows[pl.ranks[-1], 4] = 1.0  # the head's stage
+    rows[:, 5] = pl.first > 0  # the embedding's forward leads every rank but the first
+    rows[:, 6] = pl.hops * (1 if split_backward else 2)
+    return rows
 
 
 def bound_kind(schedule: str) -> tuple[bool, bool]:
@@ -295,24 +346,12 @@ def makespan_lower_bound(schedule: str, pp: int, v: int, n_micro: int, f: list[f
     GPipe this is (m + p - 1)(F + B) and for interleaving (m + (p - 1)/v)(F + B) with equal stages:
     the closed forms, which the simulation reaches.
     """
-    n_stages = pp * v
-    split = schedule in SPLIT_BACKWARD
-    ranks = _stage_ranks(pp, v, schedule in V_SHAPED)
-    first = [n_stages] * pp
-    busy = [0.0] * pp
-    # Prefix sums over stages: forward before stage k, backward (+weight) before k, rank hops before k.
-    lead_f, lead_b, hops = [0.0], [0.0], [0]
-    for s in range(n_stages):
-        r = ranks[s]
-        if s < first[r]:
-            first[r] = s
-        busy[r] += n_micro * (f[s] + b[s] + w[s])
-        lead_f.append(lead_f[-1] + f[s])
-        lead_b.append(lead_b[-1] + b[s] + w[s])
-        hops.append(hops[-1] + (1 if s + 1 < n_stages and ranks[s + 1] != r else 0))
-    best = 0.0
-    for r in range(pp):
-        k = first[r]
-        tail = 0.0 if split else lead_b[k] + hops[k] * p2p
-        best = max(best, lead_f[k] + hops[k] * p2p + busy[r] + tail)
-    return best
+    pl = placement(pp, v, schedule in V_SHAPED)
+    f = np.asarray(f, dtype=float)
+    bw = np.add(b, w)
+    busy = n_micro * np.bincount(pl.ranks, weights=f + bw, minlength=pp)
+    # Work of the stages before each rank's first stage (exclusive prefix sums).
+    lead = np.cumsum(f)[pl.first] - f[pl.first] + pl.hops * p2p
+    if schedule not in SPLIT_BACKWARD:
+        lead = lead + np.cumsum(bw)[pl.first] - bw[pl.first] + pl.hops * p2p
+    return float((lead + busy).max())

@@ -21,15 +21,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshplan.cost_models.estimate import (Estimate, StepParts, _block_key, _simulate_cached, compose_step,
-                                           estimate_layout, group_spans, rank_busy, step_parts)
+import numpy as np
+
+from meshplan.cost_models.estimate import (Estimate, StageDurations, StepParts, _block_key, _simulate_cached,
+                                           compose_step, estimate_layout, group_spans, rank_busy, stage_durations,
+                                           step_parts)
 from meshplan.cost_models.layout import Layout, even_split
 from meshplan.cost_models.memory import GIB, rank_memory, stage_params
 
-
-def stage_params_layers(lay: Layout, rank: int) -> int:
-    return stage_params(lay, rank).layers
-from meshplan.cost_models.pipeline import bound_kind, in_flight_limit, makespan_lower_bound
+from meshplan.cost_models.pipeline import bound_kind, in_flight_limit, linear_bound_rows, makespan_lower_bound
 from meshplan.planner.constraints import (BATCH, MICROBATCHES, NO_FIT, PP_LAYERS, REASONS, SP_SEQ, SPLIT,
                                           batch_reason, mesh_reason, microbatch_reason, schedule_reason, sp_reason)
 from meshplan.planner.placement import distinct_orders, placement_for
@@ -41,6 +41,10 @@ from meshplan.specs.plan import SAC_OPS, Plan
 
 DOMINATED = "dominated (compile / async TP off: slower at equal memory)"
 BOUNDED = "pruned: time bound >= K-th best"
+
+
+def stage_params_layers(lay: Layout, rank: int) -> int:
+    return stage_params(lay, rank).layers
 
 
 @dataclass
@@ -229,8 +233,16 @@ class _Search:
                 for c in self.classes(*item[:3]):
                     heapq.heappush(queue, (c.bound, c.tie, "class", c))
             elif kind == "class":
-                for leaf in self.expand(item):
-                    heapq.heappush(queue, (leaf[0], next(self.tie), "leaf", leaf[1:]))
+                if not self.class_fits(item):
+                    continue
+                for leaf_bound, leaf_kind, leaf in self.expand(item):
+                    heapq.heappush(queue, (leaf_bound, next(self.tie), leaf_kind, leaf))
+            elif kind == "pending":
+                leaf_bound, *leaf = self.refine(*item)
+                if leaf_bound >= self.kth():
+                    self.n_bounded += 1
+                else:
+                    heapq.heappush(queue, (leaf_bound, next(self.tie), "leaf", tuple(leaf)))
             else:
                 self.score(*item)
 
@@ -283,15 +295,23 @@ class _Search:
                 self.n_dom += n_sched * variants - n_sched
                 # For the SAC ILP class, the fastest member saves everything, the smallest saves nothing.
                 fast = lay.with_(sac_ops=tuple(SAC_OPS)) if sac == SAC_ILP else lay
-                small = lay.with_(sac_ops=()) if sac == SAC_ILP else lay
-                mem = self.rank_memory_bound_gib(small)
                 bound = self.class_time_bound(fast, order)
-                if mem > self.usable:
-                    self.reject(NO_FIT, n_sched)
-                    self.note_nonfit(fast, order, bound, mem, exact=False)
+                if bound >= self.kth():  # the K-th best only improves: this class will never be expanded
+                    self.n_bounded += n_sched
                     continue
                 out.append(_Class(bound, next(self.tie), lay, order, sac, n_sched))
         return out
+
+    def class_fits(self, c: _Class) -> bool:
+        """The memory bound, checked when the class comes up (most classes never do)."""
+        small = c.layout.with_(sac_ops=()) if c.sac == SAC_ILP else c.layout
+        mem = self.rank_memory_bound_gib(small)
+        if mem <= self.usable:
+            return True
+        self.reject(NO_FIT, c.leaves)
+        fast = c.layout.with_(sac_ops=tuple(SAC_OPS)) if c.sac == SAC_ILP else c.layout
+        self.note_nonfit(fast, c.order, c.bound, mem, exact=False)
+        return False
 
     def class_time_bound(self, lay: Layout, order) -> float:
         """The average pipeline rank's work plus the per-step overhead: no schedule or split does better."""
@@ -326,13 +346,24 @@ class _Search:
         return min(rank_memory(lay, r, 1.0, self.prof.overheads).total for r in ranks) / GIB
 
     # -- expanding a class into its leaves -----------------------------------------------
-    def expand(self, c: _Class) -> list[tuple[float, Layout, tuple, StepParts]]:
-        """Score a pipeline-free class at once; return a pipelined class's valid leaves with their bounds."""
+    def expand(self, c: _Class) -> list[tuple[float, str, tuple]]:
+        """Score a pipeline-free class at once. A pipelined class yields its valid leaves as pending
+        items bounded by the schedule's makespan bound on the class's fastest durations; a leaf's own
+        SAC choice, durations and step are worked out only if it is popped (`refine`)."""
         base = c.layout
         if base.pp == 1:
             self.score(self.with_sac(base, c.order, c.sac, 1.0), c.order)
             return []
         s = self.space
+        # For the SAC ILP class the save-everything member is the fastest: its bound holds for the class.
+        fast = base.with_(sac_ops=tuple(SAC_OPS)) if c.sac == SAC_ILP else base
+        ref = step_parts(fast, self.prof, c.order)  # spans, block time, head and embedding: split-free
+        a_f, a_bw, emb, head, p2p = self.linear_costs(fast, ref)
+        per_layer = self.per_layer_times(base, c.order)[0]  # the class's own layers balance the split
+        m = base.n_micro
+        # A hair under the exact bound, so float rounding in the linear form never prunes a leaf too early.
+        x = np.array([a_f, a_bw, m * (a_f + a_bw), m * emb, m * head, emb, p2p]) * (1 - 1e-12)
+        overhead = self.prof.overheads.step_overhead_s
         leaves = []
         by_v: dict[int, list[str]] = {}
         for sched, v in s.schedule_options(base.pp):
@@ -340,66 +371,77 @@ class _Search:
         for v, scheds in by_v.items():
             seen_splits: set = set()
             for split in s.split_options(base.pp):
-                probe = base.with_(schedule=scheds[0], v=v)
                 reason = schedule_reason(self.spec.n_layers, base.pp, scheds[0], v,
                                          list(split) if isinstance(split, tuple) else None)
                 if reason in (PP_LAYERS, SPLIT):
                     self.reject(reason, len(scheds))
                     continue
-                layers = self.stage_layers(probe, c.order, split)
+                layers = self.stage_layers(base.with_(schedule=scheds[0], v=v), split, per_layer, emb, head)
                 if layers in seen_splits:
                     self.n_dom += len(scheds)  # the balanced split came out even: the same leaves, scored once
                     continue
                 seen_splits.add(layers)
-                # Durations depend on v, split and the saved op kinds, not on the schedule. For the SAC
-                # ILP class the save-everything member is the fastest: its bound holds for the class.
-                fast = base.with_(v=v, stage_layers=layers,
-                                sac_ops=tuple(SAC_OPS) if c.sac == SAC_ILP else base.sac_ops)
-                fast_parts = step_parts(fast, self.prof, c.order)
-                fd = fast_parts.durations
                 quick_by_kind: dict = {}
                 for sched in scheds:
                     reason = schedule_reason(self.spec.n_layers, base.pp, sched, v, list(layers))
-                    reason = reason or microbatch_reason(sched, base.pp, v, base.n_micro)
+                    reason = reason or microbatch_reason(sched, base.pp, v, m)
                     if reason:
                         self.reject(reason, 1)
                         continue
+                    # Durations depend on v, the split and the saved op kinds, not on the schedule.
                     kind = bound_kind(sched)
                     quick = quick_by_kind.get(kind)
                     if quick is None:
-                        quick = quick_by_kind[kind] = makespan_lower_bound(sched, base.pp, v, base.n_micro, fd.forward,
-                                                                           fd.backward, fd.weight, fd.p2p)
-                    if quick + self.prof.overheads.step_overhead_s >= self.kth():
+                        quick = quick_by_kind[kind] = float((linear_bound_rows(base.pp, v, *kind, layers) @ x).max())
+                    if quick + overhead >= self.kth():
                         self.n_bounded += 1
                         continue
-                    lay = base.with_(schedule=sched, v=v, stage_layers=layers)
-                    lay = self.with_sac(lay, c.order, c.sac, float(in_flight_limit(sched, base.pp, v, 0, base.n_micro)))
-                    if lay.sac_ops == fast.sac_ops:
-                        parts, bound = fast_parts, quick
-                    else:
-                        parts = step_parts(lay, self.prof, c.order)
-                        d = parts.durations
-                        bound = makespan_lower_bound(sched, lay.pp, v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p)
-                    # Durations do not depend on the schedule; each rank's work does (stage placement).
-                    sp_ = StepParts(parts.spans, parts.bt, parts.head, parts.emb, parts.durations,
-                                    rank_busy(lay, parts.durations))
-                    leaves.append((compose_step(lay, self.prof, sp_, bound)[0], lay, c.order, sp_))
+                    leaves.append((quick + overhead, "pending", (c, fast, ref, sched, v, layers, quick)))
         return leaves
 
-    def stage_layers(self, lay: Layout, order, split: Any) -> tuple[int, ...]:
+    def refine(self, c: _Class, fast: Layout, ref: StepParts, sched: str, v: int, layers: tuple[int, ...],
+               quick: float) -> tuple[float, Layout, tuple, StepParts]:
+        """A pending leaf made exact but for the schedule simulation: (step bound, layout, order, parts)."""
+        base = c.layout
+        lay = base.with_(schedule=sched, v=v, stage_layers=layers)
+        lay = self.with_sac(lay, c.order, c.sac, float(in_flight_limit(sched, base.pp, v, 0, base.n_micro)))
+        if lay.sac_ops == fast.sac_ops:
+            fd = stage_durations(lay, self.prof, ref.spans, ref.bt, ref.head, ref.emb)
+            parts, bound = StepParts(ref.spans, ref.bt, ref.head, ref.emb, fd, ()), quick
+        else:
+            parts = step_parts(lay, self.prof, c.order)
+            d = parts.durations
+            bound = makespan_lower_bound(sched, lay.pp, v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p)
+        # Durations do not depend on the schedule; each rank's work does (stage placement).
+        parts = StepParts(parts.spans, parts.bt, parts.head, parts.emb, parts.durations,
+                          rank_busy(lay, parts.durations))
+        return compose_step(lay, self.prof, parts, bound)[0], lay, c.order, parts
+
+    def linear_costs(self, lay: Layout, ref: StepParts) -> tuple[float, float, float, float, float]:
+        """(a_f, a_bw, emb, head, p2p) of linear_bound_rows, read off stage_durations on three stages:
+        a layer's forward and backward + weight per micro-batch, the embedding's forward, the head's
+        forward + backward and the stage-to-stage send."""
+        probe = lay.with_(pp=3, v=1)
+
+        def durations(layers: tuple[int, ...]) -> StageDurations:
+            return stage_durations(probe.with_(stage_layers=layers), self.prof, ref.spans, ref.bt, ref.head, ref.emb)
+
+        ends, mid = durations((0, 0, 0)), durations((0, 1, 0))
+        return (mid.forward[1], mid.backward[1] + mid.weight[1], ends.forward[0], ends.forward[2] + ends.backward[2],
+                ends.p2p)
+
+    def stage_layers(self, lay: Layout, split: Any, per_layer: float, emb: float, head: float) -> tuple[int, ...]:
+        """The layers per stage of a split option: `per_layer`, `emb` and `head` are the work of a layer
+        and of the ends (the embedding, the head with the loss) that a balanced split evens out."""
         if isinstance(split, tuple):
             return split
-        even = even_split(self.spec.n_layers, lay.n_stages)
         if split == EVEN:
-            return even
-        per_layer, _ = self.per_layer_times(lay, order)
-        even_parts = step_parts(lay.with_(stage_layers=even), self.prof, order).durations
-        extras = [even_parts.forward[i] + even_parts.backward[i] + even_parts.weight[i] - even[i] * per_layer
-                  for i in range(lay.n_stages)]
+            return even_split(self.spec.n_layers, lay.n_stages)
         # The balanced split depends only on the stage count and the ends' extra work in layers.
-        key = (lay.n_stages, round(extras[0] / per_layer, 3), round(extras[-1] / per_layer, 3))
+        key = (lay.n_stages, round(emb / per_layer, 3), round(head / per_layer, 3))
         out = self._split_cache.get(key)
         if out is None:
+            extras = [emb] + [0.0] * (lay.n_stages - 2) + [head]
             out = self._split_cache[key] = balanced_split(self.spec.n_layers, extras, per_layer)
         return out
 
@@ -414,7 +456,7 @@ class _Search:
         else:
             makespan, in_flight = parts.busy[0], (1.0,)
         step = compose_step(lay, self.prof, parts, makespan)[0]
-        peak = max(rank_memory(lay, r, in_flight[r], self.prof.overheads).total for r in range(lay.pp)) / GIB
+        peak = self.peak_memory_gib(lay, in_flight)
         cand = Candidate(lay, order, step, peak)
         self.scored.append(cand)
         if peak > self.usable:
@@ -423,6 +465,17 @@ class _Search:
             return
         self.n_exact += 1
         self.keep(cand)
+
+    def peak_memory_gib(self, lay: Layout, in_flight: tuple[float, ...]) -> float:
+        """The highest rank peak. Ranks holding the same layers and ends differ only in activations in
+        flight, and a rank's peak grows with those: one rank per such group is enough."""
+        group_rank: dict[tuple, int] = {}
+        for r in range(lay.pp):
+            sp = stage_params(lay, r)
+            key = (sp.layers, sp.embedding, sp.head)
+            if key not in group_rank or in_flight[r] > in_flight[group_rank[key]]:
+                group_rank[key] = r
+        return max(rank_memory(lay, r, in_flight[r], self.prof.overheads).total for r in group_rank.values()) / GIB
 
     def simulate_scaled(self, lay: Layout, d) -> tuple[float, tuple[float, ...]]:
         """The schedule simulation on durations in units of the first stage's forward, rounded to

@@ -34,6 +34,21 @@ BALANCED = "balanced"
 DEGREES = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
 
 
+def memoized(method):
+    """Cache a Space method's answer per arguments: the search asks the same questions ~10^5 times."""
+    name = method.__name__
+
+    def cached(self, *args):
+        key = (name, args)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = method(self, *args)
+        return got
+
+    cached.__doc__ = method.__doc__
+    return cached
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -71,6 +86,7 @@ class Space:
     dtype: str
     assumptions: list[str] = field(default_factory=list)
     excludes: dict[str, list[Any]] = field(default_factory=dict)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_plan(cls, plan: Plan, profile: ClusterProfile, excludes: dict[str, list[Any]] | None = None) -> "Space":
@@ -123,16 +139,20 @@ class Space:
         return value not in self.excludes.get(f"parallel.{key}", [])
 
     # -- per-mesh knob options -------------------------------------------------------------
+    @memoized
     def micro_batches(self) -> list[int]:
         return self._opts("training.micro_batch", self.plan.training.micro_batch, divisors(self.global_batch))
 
+    @memoized
     def sp_options(self, tp: int) -> list[bool]:
         return self._opts("parallel.sequence_parallel", self.plan.parallel.sequence_parallel,
                           [True, False] if tp > 1 else [False])
 
+    @memoized
     def async_options(self, tp: int) -> list[bool]:
         return self._opts("parallel.async_tp", self.plan.parallel.async_tp, [False, True] if tp > 1 else [False])
 
+    @memoized
     def schedule_options(self, pp: int) -> list[tuple[str, int]]:
         """(schedule, virtual stages) pairs; with pp = 1 the schedule is moot (one placeholder)."""
         p = self.plan.parallel
@@ -145,6 +165,7 @@ class Space:
                 out.append((s, v))
         return out
 
+    @memoized
     def split_options(self, pp: int) -> list[Any]:
         """EVEN, BALANCED or a fixed list of layers per stage."""
         p = self.plan.parallel
@@ -155,6 +176,7 @@ class Space:
         searched = p.pp_layers == AUTO or AUTO in (p.pp, p.pp_schedule, p.pp_virtual_stages)
         return [EVEN, BALANCED] if searched else [EVEN]
 
+    @memoized
     def ac_options(self) -> list[tuple[str, Any]]:
         """(activation_checkpointing, sac choice): sac choice is SAC_DEFAULT, SAC_ILP or a fixed tuple."""
         m = self.plan.memory
@@ -174,13 +196,16 @@ class Space:
                 out.append((ac, SAC_DEFAULT))
         return out
 
+    @memoized
     def float8_options(self) -> list[bool]:
         ok = self.profile.supports_float8() and self.dtype == "bf16"
         return self._opts("memory.float8", self.plan.memory.float8, [False, True] if ok else [False])
 
+    @memoized
     def reshard_options(self, mesh: Mesh) -> list[bool]:
         searched = [True, False] if (mesh.dp_shard > 1 and mesh.pp == 1) else [mesh.pp == 1]
         return self._opts("memory.reshard_after_forward", self.plan.memory.reshard_after_forward, searched)
 
+    @memoized
     def compile_options(self) -> list[bool]:
         return self._opts("compile", self.plan.compile, [False, True])

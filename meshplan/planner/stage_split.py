@@ -33,7 +33,7 @@ def balanced_split(n_layers: int, extras: list[float], layer: float) -> tuple[in
         raise ValueError(f"{n} stages for {n_layers} layers")
     if n == 1:
         return (n_layers,)
-    values = sorted({k * layer + e for e in extras for k in range(1, n_layers + 1)})
+    values = sorted({k * layer + e for e in set(extras) for k in range(1, n_layers + 1)})
     lo, hi = 0, len(values) - 1
     while lo < hi:  # smallest feasible target (feasibility is monotone in the target)
         mid = (lo + hi) // 2

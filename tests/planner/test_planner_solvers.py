@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from meshplan.cost_models.pipeline import makespan_lower_bound, simulate
+from meshplan.cost_models.pipeline import bound_kind, linear_bound_rows, makespan_lower_bound, simulate
 from meshplan.planner.constraints import microbatch_reason
 from meshplan.planner.sac_ilp import SacItems, best_subset, pareto_subsets, solve_sac_ilp
 from meshplan.planner.stage_split import balanced_split, brute_force_split, max_stage_time
@@ -185,3 +185,27 @@ def test_makespan_lower_bound_tight_for_equal_stages():
             lb = makespan_lower_bound(schedule, pp, 1, m, f, b, [0.0] * pp, 0.0)
             assert lb == pytest.approx((m + pp - 1) * 3.0)
             assert res.makespan == pytest.approx(lb)
+
+
+def test_linear_bound_rows_equal_the_bound_on_linear_durations():
+    """The planner's per-rank rows give makespan_lower_bound exactly when each stage's durations are
+    its layers times a layer's plus the embedding on the first stage and the head on the last."""
+    rng = random.Random(5)
+    checked = 0
+    for _ in range(60):
+        pp = rng.choice([2, 3, 4, 8])
+        schedule = rng.choice(PP_SCHEDULES)
+        v = rng.choice(_vs(schedule))
+        n = pp * v
+        layers = tuple(rng.randint(1, 6) for _ in range(n))
+        a_f, a_b, a_w = rng.uniform(0.1, 1), rng.uniform(0.1, 2), rng.choice([0.0, rng.uniform(0, 1)])
+        emb, head_f, head_b = rng.uniform(0, 0.5), rng.uniform(0, 2), rng.uniform(0, 3)
+        m, p2p = rng.randint(1, 3 * pp), rng.choice([0.0, rng.uniform(0, 0.2)])
+        f = [k * a_f + (emb if s == 0 else 0.0) + (head_f if s == n - 1 else 0.0) for s, k in enumerate(layers)]
+        b = [k * a_b + (head_b if s == n - 1 else 0.0) for s, k in enumerate(layers)]
+        w = [k * a_w for k in layers]
+        x = [a_f, a_b + a_w, m * (a_f + a_b + a_w), m * emb, m * (head_f + head_b), emb, p2p]
+        linear = float((linear_bound_rows(pp, v, *bound_kind(schedule), layers) @ x).max())
+        assert linear == pytest.approx(makespan_lower_bound(schedule, pp, v, m, f, b, w, p2p), rel=1e-12)
+        checked += 1
+    assert checked == 60
