@@ -171,7 +171,8 @@ class StepParts:
     busy: tuple[float, ...]  # work per pipeline rank over the step (exact; the makespan is >= max)
 
 
-def step_parts(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> StepParts:
+def stage_inputs(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> tuple:
+    """What stage_durations needs besides the split: (group spans, block time, head time, embedding time)."""
     cache = profile_cache(prof)
     spans = group_spans(lay, prof, order)
     key = _block_key(lay, spans)
@@ -182,7 +183,11 @@ def step_parts(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAU
     he = cache.get(hkey)
     if he is None:
         he = cache[hkey] = (head_time(lay, prof), embedding_time(lay, prof))
-    head, emb = he
+    return spans, bt, he[0], he[1]
+
+
+def step_parts(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> StepParts:
+    spans, bt, head, emb = stage_inputs(lay, prof, order)
     d = stage_durations(lay, prof, spans, bt, head, emb)
     return StepParts(spans, bt, head, emb, d, rank_busy(lay, d))
 

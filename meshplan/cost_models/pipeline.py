@@ -12,16 +12,20 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
 SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 FORWARD_FIRST = ("GPipe", "LoopedBFS")
+_FORWARD_FIRST_RANK = {"F": 0, "B": 1, "W": 2}  # preference among ready work (lower first)
+_BACKWARD_FIRST_RANK = {"B": 0, "F": 1, "W": 2}
 
 
-@dataclass(frozen=True)
-class Block:
+class Block(NamedTuple):
+    """One unit of work in the simulated schedule (a named tuple: simulations make thousands)."""
+
     rank: int
     stage: int
     microbatch: int
@@ -121,6 +125,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     """
     n_stages = pp * v
     split = schedule in SPLIT_BACKWARD
+    forward_first = schedule in FORWARD_FIRST
     w = list(w) if w is not None else [0.0] * n_stages
     b_eff = list(b) if split else [bi + wi for bi, wi in zip(b, w)]
     rank_of = [stage_rank(s, pp, schedule) for s in range(n_stages)]
@@ -135,7 +140,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     b_orders = [backward_order(schedule, pp, v, r, n_micro) for r in range(pp)]
     next_f = [0] * pp
     next_b = [0] * pp
-    pending_f = [{(s, mb) for s in range(n_stages) if rank_of[s] == r for mb in range(n_micro)} for r in range(pp)]
+    pending_f = [n_micro * sum(1 for s in range(n_stages) if rank_of[s] == r) for r in range(pp)]  # forwards left
     pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(pp)]
     remaining = n_stages * n_micro * (3 if split else 2)
     limits = [in_flight_limit(schedule, pp, v, r, n_micro) for r in range(pp)]
@@ -208,12 +213,9 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             return None
         ready_now = [c for c in cands if c[0] <= free[r] + 1e-12]
         if ready_now:
-            if schedule in FORWARD_FIRST:
-                rank_kind = {"F": 0, "B": 1, "W": 2}
-            else:
-                # Steady 1F1B: when a forward and a backward are both ready, take the other kind
-                # than last time; weight-gradient work only fills what would otherwise be idle.
-                rank_kind = {"F": 0, "B": 1, "W": 2} if last_kind[r] == "B" else {"B": 0, "F": 1, "W": 2}
+            # Steady 1F1B: when a forward and a backward are both ready, take the other kind than last
+            # time; weight-gradient work only fills what would otherwise be idle.
+            rank_kind = _FORWARD_FIRST_RANK if forward_first or last_kind[r] == "B" else _BACKWARD_FIRST_RANK
             best = min(ready_now, key=lambda c: (-1 if c[1] < 0 else rank_kind[c[4]], c[2], c[3]))
             return free[r], best
         best = min(cands, key=lambda c: (c[0], c[1], c[2], c[3]))
@@ -235,7 +237,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             s, mb = -cand[2], cand[3]
             if orders[r] is not None:
                 next_f[r] += 1
-            pending_f[r].discard((s, mb))
+            pending_f[r] -= 1
             next_f_mb[s] += 1
             end = start + f[s]
             f_done[(s, mb)] = end

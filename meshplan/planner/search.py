@@ -25,7 +25,7 @@ import numpy as np
 
 from meshplan.cost_models.estimate import (Estimate, StageDurations, StepParts, _block_key, _simulate_cached,
                                            compose_step, estimate_layout, group_spans, rank_busy, stage_durations,
-                                           step_parts)
+                                           stage_inputs, step_parts)
 from meshplan.cost_models.layout import Layout, even_split
 from meshplan.cost_models.memory import GIB, rank_memory, stage_params
 
@@ -128,6 +128,21 @@ class _Class:
     leaves: int = field(compare=False)  # leaves still represented (after dominance)
 
 
+@dataclass
+class _LeafGroups:
+    """A pipelined class's leaves, grouped by (v, split, bound kind) and sorted by their shared bound:
+    one heap entry per class, opened a group at a time, so leaves that never come up cost nothing."""
+
+    cls: _Class
+    fast: Layout
+    ref: tuple
+    groups: list[tuple[float, int, tuple[int, ...], list[str]]]  # (bound, v, layers, schedules)
+    next: int = 0
+
+    def remaining(self) -> int:
+        return sum(len(g[3]) for g in self.groups[self.next:])
+
+
 class _Search:
     def __init__(self, space: Space, prof: ClusterProfile, top_k: int):
         self.space, self.prof, self.top_k = space, prof, top_k
@@ -145,6 +160,7 @@ class _Search:
         self._layer_cache: dict = {}
         self._sim_cache: dict = {}
         self._split_cache: dict = {}
+        self._leaf_tables: dict = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
     def reject(self, reason: str, n: int) -> None:
@@ -237,6 +253,9 @@ class _Search:
                     continue
                 for leaf_bound, leaf_kind, leaf in self.expand(item):
                     heapq.heappush(queue, (leaf_bound, next(self.tie), leaf_kind, leaf))
+            elif kind == "groups":
+                for leaf_bound, leaf_kind, leaf in self.open_group(item):
+                    heapq.heappush(queue, (leaf_bound, next(self.tie), leaf_kind, leaf))
             elif kind == "pending":
                 leaf_bound, *leaf = self.refine(*item)
                 if leaf_bound >= self.kth():
@@ -249,6 +268,8 @@ class _Search:
     def leaves_of(self, kind: str, item: Any) -> int:
         if kind == "mesh":
             return item[3]
+        if kind == "groups":
+            return item.remaining()
         return item.leaves if kind == "class" else 1
 
     def mesh_node(self, m: Mesh, mb: int, order, leaves: int):
@@ -357,57 +378,85 @@ class _Search:
         s = self.space
         # For the SAC ILP class the save-everything member is the fastest: its bound holds for the class.
         fast = base.with_(sac_ops=tuple(SAC_OPS)) if c.sac == SAC_ILP else base
-        ref = step_parts(fast, self.prof, c.order)  # spans, block time, head and embedding: split-free
+        ref = stage_inputs(fast, self.prof, c.order)  # spans, block time, head and embedding: split-free
         a_f, a_bw, emb, head, p2p = self.linear_costs(fast, ref)
         per_layer = self.per_layer_times(base, c.order)[0]  # the class's own layers balance the split
         m = base.n_micro
         # A hair under the exact bound, so float rounding in the linear form never prunes a leaf too early.
         x = np.array([a_f, a_bw, m * (a_f + a_bw), m * emb, m * head, emb, p2p]) * (1 - 1e-12)
         overhead = self.prof.overheads.step_overhead_s
-        leaves = []
+        groups = []
         by_v: dict[int, list[str]] = {}
         for sched, v in s.schedule_options(base.pp):
             by_v.setdefault(v, []).append(sched)
         for v, scheds in by_v.items():
             seen_splits: set = set()
             for split in s.split_options(base.pp):
-                reason = schedule_reason(self.spec.n_layers, base.pp, scheds[0], v,
-                                         list(split) if isinstance(split, tuple) else None)
+                reason = self.split_reason(base.pp, scheds[0], v, split)
                 if reason in (PP_LAYERS, SPLIT):
                     self.reject(reason, len(scheds))
                     continue
-                layers = self.stage_layers(base.with_(schedule=scheds[0], v=v), split, per_layer, emb, head)
+                layers = self.stage_layers(base.pp * v, split, per_layer, emb, head)
                 if layers in seen_splits:
                     self.n_dom += len(scheds)  # the balanced split came out even: the same leaves, scored once
                     continue
                 seen_splits.add(layers)
-                quick_by_kind: dict = {}
-                for sched in scheds:
-                    reason = schedule_reason(self.spec.n_layers, base.pp, sched, v, list(layers))
-                    reason = reason or microbatch_reason(sched, base.pp, v, m)
-                    if reason:
-                        self.reject(reason, 1)
-                        continue
-                    # Durations depend on v, the split and the saved op kinds, not on the schedule.
-                    kind = bound_kind(sched)
-                    quick = quick_by_kind.get(kind)
-                    if quick is None:
-                        quick = quick_by_kind[kind] = float((linear_bound_rows(base.pp, v, *kind, layers) @ x).max())
+                valid_by_kind, rejected, rows = self.leaf_table(base.pp, v, scheds, layers, m)
+                for reason, n in rejected.items():
+                    self.reject(reason, n)
+                if not valid_by_kind:
+                    continue
+                # Durations depend on v, the split and the saved op kinds, not on the schedule: one
+                # product bounds every schedule kind of this split.
+                bounds = (rows @ x).reshape(len(valid_by_kind), base.pp).max(axis=1).tolist()
+                for quick, kind_scheds in zip(bounds, valid_by_kind):
                     if quick + overhead >= self.kth():
-                        self.n_bounded += 1
-                        continue
-                    leaves.append((quick + overhead, "pending", (c, fast, ref, sched, v, layers, quick)))
-        return leaves
+                        self.n_bounded += len(kind_scheds)
+                    else:
+                        groups.append((quick + overhead, v, layers, kind_scheds))
+        if not groups:
+            return []
+        groups.sort(key=lambda g: g[0])
+        return [(groups[0][0], "groups", _LeafGroups(c, fast, ref, groups))]
 
-    def refine(self, c: _Class, fast: Layout, ref: StepParts, sched: str, v: int, layers: tuple[int, ...],
+    def open_group(self, lg: _LeafGroups) -> list[tuple[float, str, tuple]]:
+        """The next group's leaves as pending items, and the class again with the group after it."""
+        bound, v, layers, scheds = lg.groups[lg.next]
+        lg.next += 1
+        quick = bound - self.prof.overheads.step_overhead_s
+        out = [(bound, "pending", (lg.cls, lg.fast, lg.ref, sched, v, layers, quick)) for sched in scheds]
+        if lg.next < len(lg.groups):
+            out.append((lg.groups[lg.next][0], "groups", lg))
+        return out
+
+    def leaf_table(self, pp: int, v: int, scheds: list[str], layers: tuple[int, ...], m: int) -> tuple:
+        """For one split: (valid schedules grouped by bound kind, rejections by reason, the kinds'
+        linear_bound_rows stacked in the same order). The same for every class with these numbers."""
+        key = (pp, v, layers, m)
+        got = self._leaf_tables.get(key)
+        if got is None:
+            by_kind: dict[tuple[bool, bool], list[str]] = {}
+            rejected: dict[str, int] = {}
+            for sched in scheds:
+                reason = (schedule_reason(self.spec.n_layers, pp, sched, v, list(layers))
+                          or microbatch_reason(sched, pp, v, m))
+                if reason:
+                    rejected[reason] = rejected.get(reason, 0) + 1
+                else:
+                    by_kind.setdefault(bound_kind(sched), []).append(sched)
+            kinds = sorted(by_kind)
+            rows = np.vstack([linear_bound_rows(pp, v, *k, layers) for k in kinds]) if kinds else None
+            got = self._leaf_tables[key] = ([by_kind[k] for k in kinds], rejected, rows)
+        return got
+
+    def refine(self, c: _Class, fast: Layout, ref: tuple, sched: str, v: int, layers: tuple[int, ...],
                quick: float) -> tuple[float, Layout, tuple, StepParts]:
         """A pending leaf made exact but for the schedule simulation: (step bound, layout, order, parts)."""
         base = c.layout
         lay = base.with_(schedule=sched, v=v, stage_layers=layers)
         lay = self.with_sac(lay, c.order, c.sac, float(in_flight_limit(sched, base.pp, v, 0, base.n_micro)))
         if lay.sac_ops == fast.sac_ops:
-            fd = stage_durations(lay, self.prof, ref.spans, ref.bt, ref.head, ref.emb)
-            parts, bound = StepParts(ref.spans, ref.bt, ref.head, ref.emb, fd, ()), quick
+            parts, bound = StepParts(*ref, stage_durations(lay, self.prof, *ref), ()), quick
         else:
             parts = step_parts(lay, self.prof, c.order)
             d = parts.durations
@@ -417,31 +466,38 @@ class _Search:
                           rank_busy(lay, parts.durations))
         return compose_step(lay, self.prof, parts, bound)[0], lay, c.order, parts
 
-    def linear_costs(self, lay: Layout, ref: StepParts) -> tuple[float, float, float, float, float]:
+    def linear_costs(self, lay: Layout, ref: tuple) -> tuple[float, float, float, float, float]:
         """(a_f, a_bw, emb, head, p2p) of linear_bound_rows, read off stage_durations on three stages:
         a layer's forward and backward + weight per micro-batch, the embedding's forward, the head's
         forward + backward and the stage-to-stage send."""
         probe = lay.with_(pp=3, v=1)
 
         def durations(layers: tuple[int, ...]) -> StageDurations:
-            return stage_durations(probe.with_(stage_layers=layers), self.prof, ref.spans, ref.bt, ref.head, ref.emb)
+            return stage_durations(probe.with_(stage_layers=layers), self.prof, *ref)
 
         ends, mid = durations((0, 0, 0)), durations((0, 1, 0))
         return (mid.forward[1], mid.backward[1] + mid.weight[1], ends.forward[0], ends.forward[2] + ends.backward[2],
                 ends.p2p)
 
-    def stage_layers(self, lay: Layout, split: Any, per_layer: float, emb: float, head: float) -> tuple[int, ...]:
+    def split_reason(self, pp: int, sched: str, v: int, split: Any) -> str | None:
+        key = ("split", pp, sched, v, split)
+        if key not in self._leaf_tables:
+            self._leaf_tables[key] = schedule_reason(self.spec.n_layers, pp, sched, v,
+                                                     list(split) if isinstance(split, tuple) else None)
+        return self._leaf_tables[key]
+
+    def stage_layers(self, n_stages: int, split: Any, per_layer: float, emb: float, head: float) -> tuple[int, ...]:
         """The layers per stage of a split option: `per_layer`, `emb` and `head` are the work of a layer
         and of the ends (the embedding, the head with the loss) that a balanced split evens out."""
         if isinstance(split, tuple):
             return split
         if split == EVEN:
-            return even_split(self.spec.n_layers, lay.n_stages)
+            return even_split(self.spec.n_layers, n_stages)
         # The balanced split depends only on the stage count and the ends' extra work in layers.
-        key = (lay.n_stages, round(emb / per_layer, 3), round(head / per_layer, 3))
+        key = (n_stages, round(emb / per_layer, 3), round(head / per_layer, 3))
         out = self._split_cache.get(key)
         if out is None:
-            extras = [emb] + [0.0] * (lay.n_stages - 2) + [head]
+            extras = [emb] + [0.0] * (n_stages - 2) + [head]
             out = self._split_cache[key] = balanced_split(self.spec.n_layers, extras, per_layer)
         return out
 

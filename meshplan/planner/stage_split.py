@@ -10,16 +10,22 @@ floor((T - extra_s) / layer) layers (a greedy capacity test, so the search is ex
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 
-def _capacity(target: float, layer: float, extras: list[float], n_layers: int) -> list[int] | None:
-    caps = []
-    for e in extras:
+def _fits(target: float, layer: float, extras: Counter, n_layers: int) -> bool:
+    """Can stages whose time stays <= target hold n_layers, at least one layer each?"""
+    total = 0
+    for e, count in extras.items():
         k = math.floor((target - e) / layer + 1e-9) if layer > 0 else n_layers
         if k < 1:
-            return None
-        caps.append(min(k, n_layers))
-    return caps if sum(caps) >= n_layers else None
+            return False
+        total += count * min(k, n_layers)
+    return total >= n_layers
+
+
+def _capacities(target: float, layer: float, extras: list[float], n_layers: int) -> list[int]:
+    return [min(math.floor((target - e) / layer + 1e-9), n_layers) if layer > 0 else n_layers for e in extras]
 
 
 def balanced_split(n_layers: int, extras: list[float], layer: float) -> tuple[int, ...]:
@@ -33,19 +39,19 @@ def balanced_split(n_layers: int, extras: list[float], layer: float) -> tuple[in
         raise ValueError(f"{n} stages for {n_layers} layers")
     if n == 1:
         return (n_layers,)
-    values = sorted({k * layer + e for e in set(extras) for k in range(1, n_layers + 1)})
+    groups = Counter(extras)  # stages with equal extras have equal capacity: test each value once
+    values = sorted({k * layer + e for e in groups for k in range(1, n_layers + 1)})
     lo, hi = 0, len(values) - 1
     while lo < hi:  # smallest feasible target (feasibility is monotone in the target)
         mid = (lo + hi) // 2
-        if _capacity(values[mid], layer, extras, n_layers) is not None:
+        if _fits(values[mid], layer, groups, n_layers):
             hi = mid
         else:
             lo = mid + 1
-    caps = _capacity(values[lo], layer, extras, n_layers)
-    assert caps is not None
+    caps = _capacities(values[lo], layer, extras, n_layers)
     surplus = sum(caps) - n_layers
     # Take surplus from stages with large extras, then from the back: both keep max <= target.
-    order = sorted(range(n), key=lambda s: (-extras[s], -s))
+    order = [s for e in sorted(groups, reverse=True) for s in range(n - 1, -1, -1) if extras[s] == e]
     while surplus:
         for s in order:
             if surplus and caps[s] > 1:
