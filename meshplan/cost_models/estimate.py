@@ -256,7 +256,7 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
 
 @lru_cache(maxsize=8192)
 def _simulate_cached(schedule: str, pp: int, v: int, m: int, f: tuple, b: tuple, w: tuple, p2p: float):
-    res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p)
+    res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p, keep_blocks=False)
     return res.makespan, tuple(res.busy), tuple(res.peak_in_flight)
 
 

@@ -115,13 +115,15 @@ def backward_order(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> l
 
 
 def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: list[float],
-             w: list[float] | None = None, p2p: float = 0.0, w_memory_share: float = 1.0) -> ScheduleResult:
+             w: list[float] | None = None, p2p: float = 0.0, w_memory_share: float = 1.0,
+             keep_blocks: bool = True) -> ScheduleResult:
     """Simulate one optimizer step of the pipeline.
 
     f, b, w: per-stage durations of forward, backward-input and backward-weight (w is folded into b
     for schedules that do not split). p2p: activation send time between stages on different ranks.
     w_memory_share: share of a stage's activations still held after B until its W runs. PyTorch's
     stages compute input gradients with retain_graph=True, so the whole set stays until W (1.0).
+    keep_blocks=False leaves `blocks` empty (makespan, busy and in-flight are still exact).
     """
     n_stages = pp * v
     split = schedule in SPLIT_BACKWARD
@@ -211,14 +213,19 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
         cands = candidates(r)
         if not cands:
             return None
-        ready_now = [c for c in cands if c[0] <= free[r] + 1e-12]
-        if ready_now:
-            # Steady 1F1B: when a forward and a backward are both ready, take the other kind than last
-            # time; weight-gradient work only fills what would otherwise be idle.
-            rank_kind = _FORWARD_FIRST_RANK if forward_first or last_kind[r] == "B" else _BACKWARD_FIRST_RANK
-            best = min(ready_now, key=lambda c: (-1 if c[1] < 0 else rank_kind[c[4]], c[2], c[3]))
+        now = free[r] + 1e-12
+        # Steady 1F1B: when a forward and a backward are both ready, take the other kind than last
+        # time; weight-gradient work only fills what would otherwise be idle.
+        rank_kind = _FORWARD_FIRST_RANK if forward_first or last_kind[r] == "B" else _BACKWARD_FIRST_RANK
+        best, best_key = None, None
+        for c in cands:
+            if c[0] <= now:
+                key = (-1 if c[1] < 0 else rank_kind[c[4]], c[2], c[3])
+                if best_key is None or key < best_key:
+                    best, best_key = c, key
+        if best is not None:
             return free[r], best
-        best = min(cands, key=lambda c: (c[0], c[1], c[2], c[3]))
+        best = min(cands)  # earliest ready; candidates never tie on (time, priority, mb, stage)
         return best[0], best
 
     # A rank's next choice changes only when it or a neighbouring stage's rank acts: cache the rest.
@@ -262,7 +269,10 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             end = start + w[s]
             held[r] -= w_memory_share
         result.peak_in_flight[r] = max(result.peak_in_flight[r], held[r])
-        result.blocks.append(Block(r, s, mb, kind, start, end))
+        if keep_blocks:
+            result.blocks.append(Block(r, s, mb, kind, start, end))
+        if end > result.makespan:
+            result.makespan = end
         result.busy[r] += end - start
         free[r] = end
         if kind != "W":
@@ -275,7 +285,6 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             touched.add(rank_of[s + 1])
         for t in touched:
             picks[t] = pick(t)
-    result.makespan = max(bl.end for bl in result.blocks)
     return result
 
 

@@ -362,9 +362,14 @@ class _Search:
     def rank_memory_bound_gib(self, lay: Layout) -> float:
         """Below the peak of any stage split: the lightest of the first, second and last pipeline ranks
         of the even split with one micro-batch in flight (memory is about linear in a rank's layers,
-        so the average rank of any split weighs at least the lightest rank of the even one)."""
-        ranks = {0, min(1, lay.pp - 1), lay.pp - 1}
-        return min(rank_memory(lay, r, 1.0, self.prof.overheads).total for r in ranks) / GIB
+        so the average rank of any split weighs at least the lightest rank of the even one).
+        Stops at the first rank under the usable memory: the bound then fits, whatever the rest say."""
+        lightest = float("inf")
+        for r in dict.fromkeys((min(1, lay.pp - 1), lay.pp - 1, 0)):  # middle ranks are usually lightest
+            lightest = min(lightest, rank_memory(lay, r, 1.0, self.prof.overheads).total / GIB)
+            if lightest <= self.usable:
+                break
+        return lightest
 
     # -- expanding a class into its leaves -----------------------------------------------
     def expand(self, c: _Class) -> list[tuple[float, str, tuple]]:
