@@ -278,11 +278,13 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
         if kind != "W":
             last_kind[r] = kind
         remaining -= 1
+        # Whose options this changed: a forward readies the next stage's forward, a backward the
+        # previous stage's backward; everything else a rank waits on is its own.
         touched = {r}
-        if s > 0:
-            touched.add(rank_of[s - 1])
-        if s < n_stages - 1:
+        if kind == "F" and s < n_stages - 1:
             touched.add(rank_of[s + 1])
+        elif kind == "B" and s > 0:
+            touched.add(rank_of[s - 1])
         for t in touched:
             picks[t] = pick(t)
     return result
