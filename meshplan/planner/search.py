@@ -43,10 +43,6 @@ DOMINATED = "dominated (compile / async TP off: slower at equal memory)"
 BOUNDED = "pruned: time bound >= K-th best"
 
 
-def stage_params_layers(lay: Layout, rank: int) -> int:
-    return stage_params(lay, rank).layers
-
-
 @dataclass
 class Candidate:
     layout: Layout
@@ -378,7 +374,7 @@ class _Search:
         SAC choice, durations and step are worked out only if it is popped (`refine`)."""
         base = c.layout
         if base.pp == 1:
-            self.score(self.with_sac(base, c.order, c.sac, 1.0), c.order)
+            self.score(self.with_sac(base, c.order, c.sac), c.order, None, c.sac == SAC_ILP)
             return []
         s = self.space
         # For the SAC ILP class the save-everything member is the fastest: its bound holds for the class.
@@ -455,11 +451,12 @@ class _Search:
         return got
 
     def refine(self, c: _Class, fast: Layout, ref: tuple, sched: str, v: int, layers: tuple[int, ...],
-               quick: float) -> tuple[float, Layout, tuple, StepParts]:
-        """A pending leaf made exact but for the schedule simulation: (step bound, layout, order, parts)."""
+               quick: float) -> tuple[float, Layout, tuple, StepParts | None, bool]:
+        """A pending leaf made exact but for the schedule simulation: (step bound, layout, order, parts,
+        whether score still chooses its SAC subset)."""
         base = c.layout
         lay = base.with_(schedule=sched, v=v, stage_layers=layers)
-        lay = self.with_sac(lay, c.order, c.sac, float(in_flight_limit(sched, base.pp, v, 0, base.n_micro)))
+        guess, lay = self.with_sac(lay, c.order, c.sac), self.with_sac(lay, c.order, c.sac, optimistic=True)
         if lay.sac_ops == fast.sac_ops:
             parts, bound = StepParts(*ref, stage_durations(lay, self.prof, *ref), ()), quick
         else:
@@ -469,7 +466,11 @@ class _Search:
         # Durations do not depend on the schedule; each rank's work does (stage placement).
         parts = StepParts(parts.spans, parts.bt, parts.head, parts.emb, parts.durations,
                           rank_busy(lay, parts.durations))
-        return compose_step(lay, self.prof, parts, bound)[0], lay, c.order, parts
+        # The bound is the optimistic subset's; an SAC ILP leaf's own subset is settled in score against
+        # the simulated peak, starting from the guess.
+        if guess.sac_ops != lay.sac_ops:
+            return compose_step(lay, self.prof, parts, bound)[0], guess, c.order, None, True
+        return compose_step(lay, self.prof, parts, bound)[0], lay, c.order, parts, c.sac == SAC_ILP
 
     def linear_costs(self, lay: Layout, ref: tuple) -> tuple[float, float, float, float, float]:
         """(a_f, a_bw, emb, head, p2p) of linear_bound_rows, read off stage_durations on three stages:
@@ -506,18 +507,12 @@ class _Search:
             out = self._split_cache[key] = balanced_split(self.spec.n_layers, extras, per_layer)
         return out
 
-    def score(self, lay: Layout, order, parts: StepParts | None = None) -> None:
-        parts = parts or step_parts(lay, self.prof, order)
-        if lay.pp > 1:
-            try:
-                makespan, in_flight = self.simulate_scaled(lay, parts.durations)
-            except RuntimeError:
-                self.reject(MICROBATCHES, 1)
-                return
-        else:
-            makespan, in_flight = parts.busy[0], (1.0,)
-        step = compose_step(lay, self.prof, parts, makespan)[0]
-        peak = self.peak_memory_gib(lay, in_flight)
+    def score(self, lay: Layout, order, parts: StepParts | None = None, sac_ilp: bool = False) -> None:
+        got = self.fitting_sac(lay, order) if sac_ilp else self.evaluate(lay, order, parts)
+        if got is None:
+            self.reject(MICROBATCHES, 1)
+            return
+        lay, step, peak, _ = got
         cand = Candidate(lay, order, step, peak)
         self.scored.append(cand)
         if peak > self.usable:
@@ -526,6 +521,53 @@ class _Search:
             return
         self.n_exact += 1
         self.keep(cand)
+
+    def evaluate(self, lay: Layout, order, parts: StepParts | None = None) -> tuple | None:
+        """(layout, step time, peak GiB, in flight per rank) with the schedule simulated; None if the
+        schedule cannot run."""
+        parts = parts or step_parts(lay, self.prof, order)
+        if lay.pp > 1:
+            try:
+                makespan, in_flight = self.simulate_scaled(lay, parts.durations)
+            except RuntimeError:
+                return None
+        else:
+            makespan, in_flight = parts.busy[0], (1.0,)
+        return lay, compose_step(lay, self.prof, parts, makespan)[0], self.peak_memory_gib(lay, in_flight), in_flight
+
+    def fitting_sac(self, lay: Layout, order) -> tuple | None:
+        """The SAC ILP's answer made exact: the least-recompute Pareto subset whose simulated peak fits
+        on every rank. The guess (`lay.sac_ops`) is simulated first; its activations in flight (set by
+        the schedule, hardly by the durations) price the other subsets, and the one that looks best is
+        simulated to confirm, walking on to smaller subsets while the simulated peak still misses."""
+        subsets = self.pareto(self.sac_items(lay, order))
+        tried: dict[int, tuple | None] = {}
+
+        def at(j: int):
+            if j not in tried:
+                tried[j] = self.evaluate(lay.with_(sac_ops=subsets[j]), order)
+            return tried[j]
+
+        i = subsets.index(lay.sac_ops) if lay.sac_ops in subsets else len(subsets) - 1
+        guess = at(i)
+        if guess is None:
+            return None
+        in_flight = guess[3]
+
+        def looks_fitting(j: int) -> bool:
+            return self.peak_memory_gib(lay.with_(sac_ops=subsets[j]), in_flight) <= self.usable
+
+        j = i
+        if guess[2] <= self.usable:
+            while j > 0 and looks_fitting(j - 1):
+                j -= 1
+        else:
+            j = next((k for k in range(i + 1, len(subsets)) if looks_fitting(k)), len(subsets) - 1)
+        for k in range(j, len(subsets)):
+            got = at(k)
+            if got is not None and got[2] <= self.usable:
+                return got
+        return guess  # nothing fits: the guess, counted as not fitting
 
     def peak_memory_gib(self, lay: Layout, in_flight: tuple[float, ...]) -> float:
         """The highest rank peak. Ranks holding the same layers and ends differ only in activations in
@@ -559,32 +601,41 @@ class _Search:
         return got[0] * unit, got[1]
 
     # -- selective activation checkpointing: the SAC ILP ---------------------------------
-    def with_sac(self, lay: Layout, order, sac: Any, in_flight: float) -> Layout:
-        """Resolve the SAC ILP choice: the least recompute whose activations fit on the first rank
-        with `in_flight` micro-batches (activations are linear in the bytes saved per token)."""
+    def with_sac(self, lay: Layout, order, sac: Any, optimistic: bool = False) -> Layout:
+        """Resolve the SAC ILP choice for this leaf: see _choose_sac."""
         if sac != SAC_ILP:
             return lay
-        key = (lay.dp_replicate, lay.dp_shard, lay.cp, lay.tp, lay.pp, lay.v, lay.micro_batch, lay.sp, lay.float8,
-               lay.reshard_after_forward, lay.stage_layers, lay.schedule in ("ZBVZeroBubble", "DualPipeV"), in_flight, order)
+        key = (lay, order, optimistic)
         chosen = self._sac_choice.get(key)
         if chosen is None:
-            chosen = self._sac_choice[key] = self._choose_sac(lay, order, in_flight)
+            chosen = self._sac_choice[key] = self._choose_sac(lay, order, optimistic)
         return lay.with_(sac_ops=chosen)
 
-    def _choose_sac(self, lay: Layout, order, in_flight: float) -> tuple[str, ...]:
-        items = self.sac_items(lay, order)
-        none_saved = lay.with_(sac_ops=())
-        base = rank_memory(none_saved, 0, in_flight, self.prof.overheads).total
-        layers = stage_params_layers(lay, 0) / lay.v
-        per_byte = (1 + self.prof.overheads.memory_fragmentation) * in_flight * lay.tokens_per_micro * layers
-        budget = self.usable * GIB
+    def _choose_sac(self, lay: Layout, order, optimistic: bool) -> tuple[str, ...]:
+        """The least-recompute Pareto subset of the SAC ILP whose peak fits on every pipeline rank, each
+        rank holding its schedule's in-flight limit: the guess score starts from, walking on against
+        the simulated peak. `optimistic`: one micro-batch in flight per rank, no fewer than any
+        simulation holds, so no subset faster than this one can fit (what a rigorous bound needs)."""
+        if optimistic or lay.pp == 1:
+            held = (1.0,) * lay.pp
+        else:
+            held = tuple(float(in_flight_limit(lay.schedule, lay.pp, lay.v, r, lay.n_micro)) for r in range(lay.pp))
+        subsets = self.pareto(self.sac_items(lay, order))
+        # Along the Pareto list bytes saved only fall, so memory does too: bisect for the first that fits.
+        lo, hi = 0, len(subsets) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.peak_memory_gib(lay.with_(sac_ops=subsets[mid]), held) <= self.usable:
+                hi = mid
+            else:
+                lo = mid + 1
+        return subsets[lo]
+
+    def pareto(self, items: SacItems) -> list[tuple[str, ...]]:
         subsets = self._pareto.get(id(items))
         if subsets is None:
             subsets = self._pareto[id(items)] = pareto_subsets(items)
-        for sub in subsets:
-            if base + per_byte * (items.bytes_of(sub) - items.base_bytes_per_token) <= budget:
-                return sub
-        return ()
+        return subsets
 
     def sac_items(self, lay: Layout, order) -> SacItems:
         """ILP item values read off the cost model one op kind at a time (bytes and recompute seconds)."""

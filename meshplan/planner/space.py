@@ -8,7 +8,9 @@ so a subtree's size is a product of option counts: the summary counts every leaf
   micro_batch    every divisor of global_batch
   seq. parallel  {true, false} with tp > 1            async TP  {false, true} with tp > 1
   pp schedule    all 7 with pp > 1; virtual stages 1 (GPipe, 1F1B), 2 (V-shaped), 1..4 (others)
-  pp_layers      even split and the time-balanced split (stage_split.py), with pp > 1
+  pp_layers      even split and the time-balanced split (stage_split.py), with pp > 1; with the SAC
+                 subset searched, the split is balanced for TorchTitan's op policy's layer time and
+                 the subset is chosen for it (the split comes first, as a user would set it)
   activation ck. none | selective (TorchTitan op policy) | selective (SAC ILP) | full
   float8         {false, true} where the profile has fp8 peaks
   reshard        {true, false} where it changes anything (dp_shard > 1 and pp = 1)

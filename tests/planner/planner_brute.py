@@ -180,7 +180,10 @@ def enumerate_space(plan: Plan, prof, global_batch: int, all_sac_subsets: bool =
                     yield lay, order
                     continue
                 splits = {lay.stage_layers}
-                splits.add(balanced_layers(lay, prof, order))
+                # A searched SAC subset is chosen after the split: the split is balanced for the
+                # layer time under TorchTitan's op policy (space.py), whichever subset then runs.
+                timed = lay.with_(sac_ops=None) if ac == "selective" and mem.sac_ops == AUTO else lay
+                splits.add(balanced_layers(timed, prof, order))
                 for layers in sorted(splits):
                     yield lay.with_(stage_layers=layers), order
 

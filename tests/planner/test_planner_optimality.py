@@ -35,10 +35,6 @@ CASES = {
 QUANTILES = {"tiny-4l-8gpu": (1.0, 0.5, 0.2, 0.05, 0.01, 0.002), "small-4gpu": (1.0, 0.5, 0.2, 0.05, 0.01, 0.002),
              "tiny-gpt-4gpu": (1.0, 0.2, 0.01)}
 
-SAC_RANK0 = ("SAC ILP budget is checked on pipeline rank 0 only (search._choose_sac); the last rank holds the "
-             "head and loss buffers and peaks higher, so the chosen subset does not fit there and the leaf is "
-             "rejected although a smaller subset of the same class fits")
-
 
 _ROWS: dict = {}
 
@@ -185,9 +181,6 @@ def test_sac_choice_is_brute_force_optimum_pp1():
             assert "agrees" in res.sac_ilp_check, res.sac_ilp_check
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: the SAC choice checks memory on pipeline rank 0 only, while the "
-                   "last rank (head and loss buffers) may peak higher; the leaf is then rejected although saving "
-                   "less would fit")
 def test_sac_choice_is_brute_force_optimum_pp2():
     plan = make_plan("small", 4, 256, 8, CLUSTER, FIXED_PP2)
     scored = subsets_scored(plan)
@@ -195,8 +188,6 @@ def test_sac_choice_is_brute_force_optimum_pp2():
         check_sac_choice(plan, scored, usable)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: the SAC choice's linearised memory check comes out ~2e-7 bytes "
-                   "above rank_memory, so a plan whose peak equals usable memory exactly is passed over")
 def test_sac_choice_at_exact_budget():
     plan = make_plan("small", 4, 256, 8, CLUSTER, FIXED_PP1)
     scored = subsets_scored(plan)
