@@ -28,8 +28,10 @@ class GroupSpan:
         return max(1, self.size // max(1, self.ranks_per_node))
 
 
-def collective_time(profile: ClusterProfile, collective: str, payload_bytes: float, span: GroupSpan) -> float:
-    """Seconds for one collective of `payload_bytes` over the group.
+def collective_time(profile: ClusterProfile, collective: str, payload_bytes: float, span: GroupSpan,
+                    calls: int = 1) -> float:
+    """Seconds for one collective of `payload_bytes` over the group (or `calls` of them sharing it:
+    each pays the latency, the bytes are paid once).
 
     Inside a node it runs on the node level. Across nodes, NCCL's hierarchical algorithms move the
     inter-node share through every NIC the group has on a node, so the bus bandwidth is the
@@ -40,14 +42,16 @@ def collective_time(profile: ClusterProfile, collective: str, payload_bytes: flo
         return 0.0
     node = profile.collectives[profile.node_level()][collective]
     if span.nodes <= 1:
-        return node.latency_us * 1e-6 + _bus_factor(collective, n) * payload_bytes / (node.bus_bandwidth_gbs * 1e9)
+        return calls * node.latency_us * 1e-6 + _bus_factor(collective, n) * payload_bytes / (node.bus_bandwidth_gbs * 1e9)
     net = profile.collectives[profile.cluster_level()][collective]
     busbw = min(net.bus_bandwidth_gbs * span.ranks_per_node, node.bus_bandwidth_gbs)
     latency = net.latency_us + (node.latency_us if span.ranks_per_node > 1 else 0.0)
-    return latency * 1e-6 + _bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
+    return calls * latency * 1e-6 + _bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
 
 
 def p2p_time(profile: ClusterProfile, payload_bytes: float, crosses_node: bool) -> float:
+    """One pipeline transfer: benchmarked latency and bandwidth, plus the call's wait for its peer (host.py)."""
     level = profile.cluster_level() if crosses_node else profile.node_level()
     fit = profile.collectives[level]["send_recv"]
-    return fit.latency_us * 1e-6 + payload_bytes / (fit.bus_bandwidth_gbs * 1e9)
+    sync = profile.overheads.collective_sync_s
+    return fit.latency_us * 1e-6 + payload_bytes / (fit.bus_bandwidth_gbs * 1e9) + sync

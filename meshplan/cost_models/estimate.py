@@ -10,6 +10,7 @@ from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
+from meshplan.cost_models.host import step_host_time
 from meshplan.cost_models.layout import Layout, layout_of
 from meshplan.cost_models.memory import GIB, rank_memory, stage_params
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, stage_rank
@@ -283,17 +284,18 @@ def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Grou
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
     fsdp = dp = 0.0
     tail = 0.0
+    units = sp.layers + 1  # FSDP groups one collective per block, plus the root (embedding, norm, head)
     if lay.fsdp_shard > 1:
         span = _fsdp_span(spans)
         held = lay.pp > 1 or not lay.reshard_after_forward
         gathers = 1 if held else 2 * lay.n_micro
-        fsdp = gathers * collective_time(prof, "all_gather", params * gather_bytes, span)
-        fsdp += collective_time(prof, "reduce_scatter", params * 4.0, span)
+        fsdp = gathers * collective_time(prof, "all_gather", params * gather_bytes, span, calls=units)
+        fsdp += collective_time(prof, "reduce_scatter", params * 4.0, span, calls=units)
         tail += collective_time(prof, "all_gather", sp.block * gather_bytes, span)
         tail += collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
-        dp = collective_time(prof, "all_reduce", params * 4.0 / lay.fsdp_shard, span)
+        dp = collective_time(prof, "all_reduce", params * 4.0 / lay.fsdp_shard, span, calls=units)
         tail += collective_time(prof, "all_reduce", sp.block * 4.0 / lay.fsdp_shard, span)
     hidden = prof.overheads.fsdp_overlap * busy
     total = fsdp + dp
@@ -309,8 +311,10 @@ def _fsdp_span(spans: dict[str, GroupSpan]) -> GroupSpan:
 
 
 def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
+    """AdamW's memory traffic, plus the step's host work outside the blocks (optimizer ops, data-parallel
+    hooks and their collective calls; 0 unless the profile prices host work, see host.py)."""
     local = stage_params(lay, rank).total / lay.fsdp_shard
-    return memory_bound_time(prof.device, local * (ADAMW_BYTES_PER_PARAM + 4.0))
+    return memory_bound_time(prof.device, local * (ADAMW_BYTES_PER_PARAM + 4.0)) + step_host_time(lay, prof, rank)
 
 
 def _recompute_flops_per_token(lay: Layout) -> float:

@@ -8,6 +8,7 @@ from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, logits_matmul
+from meshplan.cost_models.host import block_host, embedding_host, head_host
 from meshplan.cost_models.layout import Layout
 from meshplan.profiles.schema import ClusterProfile
 
@@ -70,7 +71,17 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
     bt.tp_comm = tp_total * (1 - prof.overheads.tp_async_overlap) if lay.async_tp else tp_total
     cp_total = _cp_comm(lay, prof, spans) * (n_fwd_passes + 1)
     bt.cp_comm = cp_total * (1 - prof.overheads.cp_overlap)
+    _add_host(bt, lay, prof)
     return bt
+
+
+def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile) -> None:
+    """Host dispatch and collective-call time, in line with the passes it belongs to (host.py)."""
+    f, b, r = block_host(lay)
+    o = prof.overheads
+    bt.forward += f.seconds(o)
+    bt.backward_input += b.seconds(o)
+    bt.recompute += r.seconds(o)
 
 
 # Eager attention passes over the (heads x s x s) scores, in elements read or written: forward
@@ -160,8 +171,11 @@ def head_time(lay: Layout, prof: ClusterProfile) -> HeadTime:
     logits = T * lay.spec.vocab_size / lay.tp
     # Upcast, log-softmax, loss gather: about 4 passes over fp32 logits forward, 4 backward.
     loss = memory_bound_time(dev, logits * 4 * 4)
-    return HeadTime(forward=fwd_mm + loss, backward=2 * fwd_mm + loss)
+    host_f, host_b = head_host(lay)
+    o = prof.overheads
+    return HeadTime(forward=fwd_mm + loss + host_f.seconds(o), backward=2 * fwd_mm + loss + host_b.seconds(o))
 
 
 def embedding_time(lay: Layout, prof: ClusterProfile) -> float:
-    return memory_bound_time(prof.device, 3 * lay.tokens_per_micro * lay.spec.dim * lay.act_bytes)
+    lookup = memory_bound_time(prof.device, 3 * lay.tokens_per_micro * lay.spec.dim * lay.act_bytes)
+    return lookup + embedding_host(lay).seconds(prof.overheads)

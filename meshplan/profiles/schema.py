@@ -79,6 +79,11 @@ class Overheads:
     step_overhead_s: float = 0.0  # per-step fixed cost (launch, optimizer sync)
     kernel_efficiency: float = 1.0  # multiplier on compute throughput (e.g. torch.compile fusion)
     compile_speedup: float = 1.1  # memory-bound work shrinks by this factor with torch.compile
+    # Host-side costs of eager PyTorch, priced per op or call the runtime issues (cost_models/host.py counts
+    # them). 0 means hidden: on GPUs the host runs ahead of the kernels; on CPUs the host is the device.
+    op_dispatch_s: float = 0.0  # every op: Python binding, dispatcher, autograd bookkeeping, launch
+    python_dispatch_s: float = 0.0  # extra per op through a Python __torch_dispatch__ (DTensor, selective-AC policy)
+    collective_sync_s: float = 0.0  # per collective / p2p call: waiting for the group, beyond benchmarked latency
 
 
 @dataclass

@@ -1,0 +1,183 @@
+"""Host-side time of a step: the ops eager PyTorch dispatches and the collective calls it issues, counted from the plan.
+
+Every op costs host time beyond its FLOPs and bytes (Python binding, dispatcher, autograd bookkeeping,
+launch). On a GPU the host runs ahead of the kernels and this hides unless they are tiny; on a CPU the host
+is the device, so it adds in line, and for a small model it is most of the step. Ops through a Python
+`__torch_dispatch__` cost more (interpreted Python per op): DTensor's (sharding propagation and wrapping, for
+tensor parallelism and for the optimizer on DTensor parameters) and the selective-AC policy's dispatch mode
+(every op of a checkpointed block's forward and recomputation). Every collective call also waits for its
+whole group: rank skew, and with more processes than cores the wait for the peers to be scheduled, which
+back-to-back micro-benchmarks do not see.
+
+The profile prices each kind (overheads.op_dispatch_s, python_dispatch_s, collective_sync_s; 0 in the
+built-in GPU profiles). The counts are of the runtime's own modules
+(meshplan/runtime, PyTorch 2.13, eager) per micro-batch, counted with a TorchDispatchMode;
+tests/calibrate/test_host_costs.py counts them again, so they cannot drift from the runtime unnoticed.
+Pipeline transfers are priced where the schedule simulation counts them (comm.p2p_time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost_models.activations import recomputed_kinds
+from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.pipeline import stage_rank
+from meshplan.profiles.schema import ClusterProfile, Overheads
+from meshplan.specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class HostOps:
+    """Host work: ops, how many of them also pass through a Python dispatch, and collective calls."""
+
+    ops: float = 0.0
+    python: float = 0.0
+    calls: float = 0.0
+
+    def __add__(self, other: HostOps) -> HostOps:
+        return HostOps(self.ops + other.ops, self.python + other.python, self.calls + other.calls)
+
+    def __mul__(self, k: float) -> HostOps:
+        return HostOps(self.ops * k, self.python * k, self.calls * k)
+
+    def seconds(self, o: Overheads) -> float:
+        return self.ops * o.op_dispatch_s + self.python * o.python_dispatch_s + self.calls * o.collective_sync_s
+
+
+@dataclass(frozen=True)
+class PassCounts:
+    """Counts per micro-batch of one block (or the head): forward, backward, and recomputation under AC."""
+
+    forward: float
+    backward: float
+    recompute: float = 0.0
+
+
+# Every op of one block. Llama's RoPE (about 25 ops for each of q and k) and decomposed RMSNorm make it the
+# larger; recomputation replays the forward plus checkpoint's unpacking of saved tensors (~1.5x the forward).
+BLOCK_OPS = {"llama": PassCounts(109, 145, 163), "gpt": PassCounts(39, 93, 78)}
+# Of those, the ops on DTensors under TP, by (arch, sequence parallel): the sharded linears' inputs, weights
+# and outputs, plus with SP the sequence-sharded norms and residual adds.
+TP_DTENSOR_OPS = {("llama", True): PassCounts(42, 102, 86), ("llama", False): PassCounts(28, 66, 54),
+                  ("gpt", True): PassCounts(26, 80, 58), ("gpt", False): PassCounts(24, 74, 46)}
+# TP collective calls per block. SP: all-gather + reduce-scatter around attention and MLP, mirrored in backward,
+# plus the all-reduce of each norm weight's (partial) gradient. Without SP: the row-parallel outputs'
+# all-reduces forward, the column-parallel inputs' gradients backward.
+TP_CALLS = {True: PassCounts(4, 6, 4), False: PassCounts(2, 2, 2)}
+# CP (runtime/context_parallel.py): positions, causal mask and concatenation around the K and V all-gathers
+# (forward, again when recomputed); backward all-reduces the K and V gradients.
+CP_OPS = PassCounts(26, 5, 26)
+CP_CALLS = PassCounts(2, 2, 2)
+# Final norm, output projection and cross-entropy (last stage); the token embedding (first stage). Under TP
+# they all run on DTensors (loss_parallel), with SP's reduce-scatter / all-gather at both ends and the final
+# norm weight's gradient all-reduce.
+HEAD_OPS = PassCounts(14, 28)
+HEAD_TP_CALLS = PassCounts(1, 2)
+EMBEDDING_OPS = PassCounts(2, 3)
+EMBEDDING_TP_CALLS = PassCounts(1, 1)
+# FSDP2 / replicate hooks per unit and micro-batch: pre/post forward and backward hooks and the copies into
+# and out of the flat communication buffers, a fixed part plus one view per parameter tensor.
+UNIT_OPS = 46.0
+UNIT_OPS_PER_TENSOR = 1.4
+# torch.optim.AdamW (single-tensor implementation, the CPU default) per parameter tensor, zero_grad included;
+# on DTensor parameters (DDP's replicate, FSDP, TP) all but two of them are DTensor ops.
+OPTIMIZER_OPS_PER_TENSOR = 10.0
+OPTIMIZER_DTENSOR_OPS_PER_TENSOR = 8.0
+
+
+def block_tensors(spec: ModelSpec) -> int:
+    """Parameter tensors of one block: two norms and the linears (GPT: with biases, LayerNorm with bias)."""
+    linears = 4 + spec.ffn_matrices
+    return 2 + linears if spec.arch == "llama" else 2 * 2 + 2 * linears
+
+
+def root_tensors(spec: ModelSpec, first: bool, last: bool) -> int:
+    """Parameter tensors outside the blocks: embeddings on the first stage, final norm and output on the last."""
+    emb = (1 if spec.arch == "llama" else 2) if first else 0
+    head = ((1 if spec.arch == "llama" else 2) + (0 if spec.tied_embeddings else 1)) if last else 0
+    return emb + head
+
+
+def block_host(lay: Layout) -> tuple[HostOps, HostOps, HostOps]:
+    """(forward, backward, recompute) host work of one block for one micro-batch."""
+    arch = lay.spec.arch
+    ops = BLOCK_OPS[arch]
+    replay = 1.0 if recomputed_kinds(lay.ac, lay.sac_ops, arch) else 0.0
+    f, b, r = HostOps(ops.forward), HostOps(ops.backward), HostOps(ops.recompute * replay)
+    if lay.tp > 1:
+        dt, calls = TP_DTENSOR_OPS[(arch, lay.sp)], TP_CALLS[lay.sp]
+        f += HostOps(python=dt.forward, calls=calls.forward)
+        b += HostOps(python=dt.backward, calls=calls.backward)
+        r += HostOps(python=dt.recompute, calls=calls.recompute) * replay
+    if lay.cp > 1:
+        f += HostOps(CP_OPS.forward, calls=CP_CALLS.forward)
+        b += HostOps(CP_OPS.backward, calls=CP_CALLS.backward)
+        r += HostOps(CP_OPS.recompute, calls=CP_CALLS.recompute) * replay
+    if lay.ac == "selective":
+        # The policy's dispatch mode sees every op of the block's forward and of its recomputation.
+        f += HostOps(python=f.ops)
+        r += HostOps(python=r.ops)
+    return f, b, r
+
+
+def _end_host(lay: Layout, ops: PassCounts, tp_calls: PassCounts) -> tuple[HostOps, HostOps]:
+    if lay.tp == 1:
+        return HostOps(ops.forward), HostOps(ops.backward)
+    # Same counts with or without SP: the head's cost-model memo does not key on it (the difference is one call).
+    return (HostOps(ops.forward, python=ops.forward, calls=tp_calls.forward),
+            HostOps(ops.backward, python=ops.backward, calls=tp_calls.backward))
+
+
+def head_host(lay: Layout) -> tuple[HostOps, HostOps]:
+    """(forward, backward) host work of the final norm, output projection and loss for one micro-batch."""
+    return _end_host(lay, HEAD_OPS, HEAD_TP_CALLS)
+
+
+def embedding_host(lay: Layout) -> HostOps:
+    """Forward plus backward host work of the token embedding for one micro-batch."""
+    f, b = _end_host(lay, EMBEDDING_OPS, EMBEDDING_TP_CALLS)
+    return f + b
+
+
+def step_host(lay: Layout, rank: int) -> HostOps:
+    """Host work of pipeline rank `rank` outside the blocks' passes: data-parallel hooks and their
+    collective calls over the step's micro-batches, the optimizer, and the step's own all-reduces."""
+    stages = [s for s in range(lay.n_stages) if stage_rank(s, lay.pp, lay.schedule) == rank]
+    blocks = sum(lay.stage_layers[s] for s in stages)
+    first, last = 0 in stages, lay.n_stages - 1 in stages
+    tensors = blocks * block_tensors(lay.spec) + root_tensors(lay.spec, first, last)
+    dtensor_params = lay.dp > 1 or lay.fsdp_shard > 1 or lay.tp > 1
+    host = HostOps(OPTIMIZER_OPS_PER_TENSOR * tensors,
+                   python=OPTIMIZER_DTENSOR_OPS_PER_TENSOR * tensors if dtensor_params else 0.0)
+    host += _data_parallel_host(lay, blocks + (1 if first or last else 0), len(stages), tensors)
+    # The loss all-reduce; with PP also the gradient-norm all-reduce across stages.
+    return host + HostOps(calls=1 + (lay.pp > 1))
+
+
+def _data_parallel_host(lay: Layout, fsdp_units: int, parts: int, tensors: int) -> HostOps:
+    """FSDP2 / HSDP / replicate hooks and calls. Without PP, gradients are reduced every micro-batch (the
+    runtime does not skip the sync while accumulating); PP's schedule reduces them once per step."""
+    m = lay.n_micro
+    if lay.fsdp_shard > 1:
+        units = fsdp_units
+        ops = m * (units * UNIT_OPS + tensors * UNIT_OPS_PER_TENSOR)
+        reduce_calls = units * (1 + (lay.dp_replicate > 1))  # reduce-scatter, and HSDP's all-reduce
+        if lay.pp > 1:
+            return HostOps(ops, calls=m * units + reduce_calls)
+        regather = units - 1 if lay.reshard_after_forward else 0  # the last block stays unsharded
+        return HostOps(ops, calls=m * (units + regather + reduce_calls))
+    if lay.dp_replicate > 1:
+        ops = m * (parts * UNIT_OPS + tensors * UNIT_OPS_PER_TENSOR)
+        return HostOps(ops, calls=parts * (1 if lay.pp > 1 else m))
+    return HostOps()
+
+
+def priced(prof: ClusterProfile) -> bool:
+    """Whether the profile prices host work at all (the built-in GPU profiles do not)."""
+    o = prof.overheads
+    return bool(o.op_dispatch_s or o.python_dispatch_s or o.collective_sync_s)
+
+
+def step_host_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
+    return step_host(lay, rank).seconds(prof.overheads) if priced(prof) else 0.0
