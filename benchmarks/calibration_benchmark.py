@@ -9,14 +9,17 @@ HSDP, TP(+SP), PP, CP and the AC modes, plus the planner's own top choice, then 
 each before and after calibration. The calibration is fitted on the same runs (in-sample), and the
 planner's choice under the calibrated profile is run too when it is a new plan.
 
-    python benchmarks/calibration_benchmark.py [--steps 4] [--out bench-runs]
+    python benchmarks/calibration_benchmark.py [--steps 10] [--out bench-runs]
 
-Run directories are kept; a rerun reuses every run that already has a summary.json.
+Run directories are kept; a rerun reuses every run that already has a summary.json. The default 10 steps
+time 8 (the first 2 are warm-up): with 2 timed steps, medians of one plan on a shared 2-core host
+scattered by up to 3x between reruns. The host's load average is printed before and after.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -110,12 +113,13 @@ def scores(label: str, runs: list[Run], prof: ClusterProfile, choice: Run | None
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default="bench-runs")
     args = ap.parse_args()
     out = Path(args.out)
     base = load_profile(CLUSTER)
     print(f"{MODEL} on {GPUS} CPU processes ({CLUSTER}), seq {SEQ}, global batch {BATCH}, {args.steps} steps per run")
+    print(load_line("before"), flush=True)
     runs = [r for i, spec in enumerate(PLANS) if (r := measured(plan_of(spec), out / f"plan{i:02d}", args.steps))]
     choice_before = find_or_run(planner_choice(base), runs, out, "planner-before", args.steps)
     fit = calibrate(runs, base)
@@ -137,7 +141,13 @@ def main() -> int:
     print()
     scores("before calibration", runs, base, choice_before)
     scores("after calibration (in-sample)", runs, calibrated, choice_after)
+    print(load_line("after"))
     return 0
+
+
+def load_line(when: str) -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {when}: {one:.2f} {five:.2f} {fifteen:.2f} (1/5/15 min) on {os.cpu_count()} cores"
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ a candidate profile; scipy's bounded least squares moves the profile's fitted te
 errors are smallest. Time terms and memory terms are fitted separately: the memory model does not
 depend on any time term and vice versa, so two small fits are better conditioned than one big one.
 
+Besides the device and link efficiencies, the fit prices the host work eager PyTorch does per op, per op
+through Python dispatch and per collective call (cost_models/host.py): on CPUs, and for small models
+anywhere, that is most of a step, and without these terms the fit can only explain it with absurd
+bandwidths and efficiencies.
+
 Terms a set of runs cannot see (e.g. fsdp_overlap without any FSDP run) keep their profile value and
 are reported as unconstrained, rather than drifting wherever the optimiser leaves them.
 """
@@ -33,6 +38,8 @@ from meshplan.specs.plan import Plan, plan_from_dict
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 UNCONSTRAINED = 1e-9  # a term whose residual sensitivity is below this is not seen by the runs
+MAX_EVALUATIONS = 150  # per least-squares fit, a safety cap (each evaluation predicts every run once)
+HOST_TERMS = ("op_dispatch_s", "python_dispatch_s", "collective_sync_s")
 
 
 @dataclass
@@ -55,6 +62,18 @@ class Term:
     set: Callable[[ClusterProfile, float], ClusterProfile]
     lower: float
     upper: float
+    # More starts for the fit, for a term the predictions depend on through a kink (a hidden fraction:
+    # exposed = max(0, comm - hidden)): from one side the fit can slide into hiding everything and stall.
+    restarts: tuple[float, ...] = ()
+    # Fitted as 1/value: a throughput or bandwidth, which times are inversely proportional to. In 1/value the
+    # predictions are linear, so the fit cannot run off to a huge bandwidth where nothing depends on it any more.
+    inverse: bool = False
+
+    def var(self, value: float) -> float:
+        return 1.0 / value if self.inverse else value
+
+    def var_bounds(self) -> tuple[float, float]:
+        return (1.0 / self.upper, 1.0 / self.lower) if self.inverse else (self.lower, self.upper)
 
 
 # -- reading runs --------------------------------------------------------------------------------
@@ -119,15 +138,19 @@ def fit_terms(base: ClusterProfile, runs: list[Run], max_step_s: float, max_mem_
     for dtype in sorted({compute_dtype(r.plan.training.dtype, base.device) for r in runs}):
         terms.append(Term(f"device.matmul.max_fraction.{dtype}", "time",
                           lambda p, d=dtype: p.device.matmul.max_fraction.get(d, p.device.matmul.max_fraction.get("bf16", 0.7)),
-                          lambda p, v, d=dtype: with_matmul_fraction(p, d, v), 1e-3, 1.0))
+                          lambda p, v, d=dtype: with_matmul_fraction(p, d, v), 1e-3, 1.0, inverse=True))
     terms.append(Term("device.memory_bound_efficiency", "time", lambda p: p.device.memory_bound_efficiency,
-                      lambda p, v: replace(p, device=replace(p.device, memory_bound_efficiency=v)), 1e-3, 1.0))
+                      lambda p, v: replace(p, device=replace(p.device, memory_bound_efficiency=v)), 1e-3, 1.0,
+                      inverse=True))
     for level in base.collectives:
         terms.append(Term(f"collectives.{level}.bus_bandwidth_scale", "time",
                           lambda p, l=level: bus_scale(p, l, base),
-                          lambda p, v, l=level: with_bus_scale(p, l, base, v), 1e-3, 1e3))
-    terms.append(_overhead_term("fsdp_overlap", "time", 0.0, 1.0))
+                          lambda p, v, l=level: with_bus_scale(p, l, base, v), 1e-3, 1e3, inverse=True))
+    terms.append(replace(_overhead_term("fsdp_overlap", "time", 0.0, 1.0), restarts=(0.0,)))
     terms.append(_overhead_term("step_overhead_s", "time", 0.0, max_step_s))
+    # Host work per op / per collective call (host.py): no single op or call can outlast the longest step.
+    for name in HOST_TERMS:
+        terms.append(_overhead_term(name, "time", 0.0, max_step_s))
     terms.append(_overhead_term("memory_fragmentation", "memory", 0.0, 3.0))
     terms.append(_overhead_term("context_gib", "memory", 0.0, max(max_mem_gib, 1e-6)))
     return terms
@@ -192,21 +215,61 @@ class FitResult:
 
 
 def fit_kind(kind: str, runs: list[Run], base: ClusterProfile, terms: list[Term]) -> tuple[ClusterProfile, list[str]]:
-    """Least squares over the terms of one kind; terms the runs do not see keep their value."""
+    """Least squares over the terms of one kind; terms the runs do not see keep their value.
+
+    Terms the profile has no value for (0, e.g. host costs on a freshly measured profile) are fitted first,
+    alone: started from 0 with everything else free, the first steps move the measured terms to make up for
+    them and can park one where it no longer matters (a bandwidth at its upper bound), and stall there."""
     terms = [t for t in terms if t.kind == kind]
     x0 = np.array([min(max(t.get(base), t.lower), t.upper) for t in terms])
-    fun = lambda x: residuals(kind, runs, base, terms, x)  # noqa: E731
-    if fun(x0).size == 0:
+    if residuals(kind, runs, base, terms, x0).size == 0:
         return base, [t.name for t in terms]
+    unset = [i for i in range(len(terms)) if x0[i] == 0]
+    x1 = _least_squares(kind, runs, base, terms, x0, unset)[0] if unset else x0
+    every = list(range(len(terms)))
+    x, cost = _least_squares(kind, runs, base, terms, x1, every)
+    blind = [i for i in every if _blind(kind, runs, base, terms, x, i)]
+    stalled = [i for i in blind if terms[i].restarts]
+    if stalled:  # a kink term hides everything: see whether the runs are better explained from its other side
+        starts = [_put(x1, [i], [v]) for i in stalled for v in terms[i].restarts]
+        x, cost = min([(x, cost)] + [_least_squares(kind, runs, base, terms, s, every) for s in starts],
+                      key=lambda f: f[1])
+        blind = [i for i in every if _blind(kind, runs, base, terms, x, i)]
+    x[blind] = x0[blind]
+    return apply(base, terms, x), [terms[i].name for i in blind]
+
+
+def _least_squares(kind: str, runs: list[Run], base: ClusterProfile, terms: list[Term], start: np.ndarray,
+                   idx: list[int]) -> tuple[np.ndarray, float]:
+    """Fit terms `idx` from `start`, the others fixed; returns all values and the final cost."""
+    free = [terms[i] for i in idx]
+    values = lambda y: _put(start, idx, [t.var(v) for t, v in zip(free, y)])  # noqa: E731 (var is its own inverse)
+    fun = lambda y: residuals(kind, runs, base, terms, values(y))  # noqa: E731
+    lower, upper = zip(*(t.var_bounds() for t in free))
     # Central differences with a visible step: exposed communication is max(0, comm - hidden), a
     # kink that a 1e-8 forward difference can sit on and see as a flat direction.
-    res = least_squares(fun, x0, bounds=([t.lower for t in terms], [t.upper for t in terms]),
-                        method="trf", jac="3-point", diff_step=1e-3, x_scale="jac", xtol=1e-10, ftol=1e-10)
-    x = res.x.copy()
-    blind = [i for i in range(len(terms)) if np.abs(res.jac[:, i]).max() * max(abs(x[i]), 1e-3) < UNCONSTRAINED]
-    for i in blind:
-        x[i] = x0[i]
-    return apply(base, terms, x), [terms[i].name for i in blind]
+    # dogbox, not trf: terms that settle on a bound (no overlap, no fixed cost) are pinned there, where trf
+    # creeps towards the bound for hundreds of evaluations after the predictions have stopped changing.
+    res = least_squares(fun, [t.var(start[i]) for t, i in zip(free, idx)], bounds=(lower, upper),
+                        method="dogbox", jac="3-point", diff_step=1e-3, x_scale="jac", xtol=1e-10, ftol=1e-10,
+                        max_nfev=MAX_EVALUATIONS)
+    return values(res.x), float(res.cost)
+
+
+def _blind(kind: str, runs: list[Run], base: ClusterProfile, terms: list[Term], x: np.ndarray, i: int) -> bool:
+    """No run's prediction moves when term i does (least_squares' own Jacobian is zeroed at an active bound,
+    so it cannot tell a term resting on its bound from one the runs do not see)."""
+    scale = max(abs(x[i]), 1e-3)
+    h = 1e-3 * scale if x[i] + 1e-3 * scale <= terms[i].upper else -1e-3 * scale
+    r0 = residuals(kind, runs, base, terms, x)
+    r1 = residuals(kind, runs, base, terms, _put(x, [i], [x[i] + h]))
+    return float(np.abs(r1 - r0).max()) / abs(h) * scale < UNCONSTRAINED
+
+
+def _put(x0: np.ndarray, idx: list[int], values) -> np.ndarray:
+    x = x0.copy()
+    x[idx] = values
+    return x
 
 
 def calibrate(runs: list[Run], base: ClusterProfile) -> FitResult:

@@ -34,6 +34,9 @@ TRUE_TERMS = {
     "collectives.network.bus_bandwidth_scale": 0.2,
     "overheads.fsdp_overlap": 0.5,
     "overheads.step_overhead_s": 0.05,
+    "overheads.op_dispatch_s": 2e-5,
+    "overheads.python_dispatch_s": 1e-4,
+    "overheads.collective_sync_s": 2e-3,
     "overheads.memory_fragmentation": 0.2,
     "overheads.context_gib": 0.01,
 }
@@ -47,7 +50,8 @@ def true_profile(base: ClusterProfile) -> ClusterProfile:
     prof = replace(prof, device=replace(prof.device, memory_bound_efficiency=t["device.memory_bound_efficiency"]))
     prof = with_bus_scale(prof, "loopback", base, t["collectives.loopback.bus_bandwidth_scale"])
     prof = with_bus_scale(prof, "network", base, t["collectives.network.bus_bandwidth_scale"])
-    for name in ("fsdp_overlap", "step_overhead_s", "memory_fragmentation", "context_gib"):
+    for name in ("fsdp_overlap", "step_overhead_s", "op_dispatch_s", "python_dispatch_s", "collective_sync_s",
+                 "memory_fragmentation", "context_gib"):
         prof = with_overhead(prof, name, t[f"overheads.{name}"])
     return prof
 
@@ -63,10 +67,10 @@ def plan_dict(mesh: tuple, model: str = "small", seq_len: int = 256, global_batc
             "compile": False}
 
 
-def write_runs(root: Path, truth: ClusterProfile, meshes=MESHES) -> list[str]:
+def write_runs(root: Path, truth: ClusterProfile, meshes=MESHES, **plan_kw) -> list[str]:
     dirs = []
     for i, mesh in enumerate(meshes):
-        data = plan_dict(mesh)
+        data = plan_dict(mesh, **plan_kw)
         est = estimate_plan(plan_from_dict(data), truth)
         d = root / f"run{i:02d}"
         d.mkdir(parents=True)

@@ -17,6 +17,8 @@ from meshplan.cost_models.calibrate import calibrate, load_run  # noqa: E402
 from meshplan.profiles import load_profile  # noqa: E402
 from meshplan.profiles.registry import _load_path  # noqa: E402
 
+NETWORK = "collectives.network.bus_bandwidth_scale"
+
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
@@ -27,8 +29,12 @@ def runs(tmp_path_factory):
 def test_fit_recovers_known_terms(runs):
     base = load_profile("cpu-gloo")
     fit = calibrate([load_run(d) for d in runs], base)
-    assert fit.unconstrained == []
+    # cpu-gloo is one node of four: no four-rank run crosses its network level, which is reported and kept.
+    assert fit.unconstrained == [NETWORK]
+    assert fit.after[NETWORK] == fit.before[NETWORK]
     for name, truth in TRUE_TERMS.items():
+        if name == NETWORK:
+            continue
         assert fit.after[name] == pytest.approx(truth, rel=0.03), name
         assert fit.before[name] != pytest.approx(truth, rel=0.03), f"{name} started at the answer: test proves nothing"
 
