@@ -101,7 +101,7 @@ def _compute_section(env: BenchEnv, opts: WorkerOptions, budget: Budget, rep: Re
 def _collective_section(env: BenchEnv, opts: WorkerOptions, sets: list[coll.GroupSet], budget: Budget,
                         rep: Reporter) -> list[dict]:
     dtype = torch.bfloat16 if env.is_cuda else torch.float32
-    settings = (coll.CollectiveSettings(coll.QUICK_SIZES, target_s=0.4, min_reps=16, rounds=8, dtype=dtype)
+    settings = (coll.CollectiveSettings(coll.QUICK_SIZES, target_s=0.8, min_reps=16, rounds=8, dtype=dtype)
                 if opts.quick else coll.CollectiveSettings(coll.FULL_SIZES, target_s=1.0, min_reps=10, rounds=5, dtype=dtype))
     pr = coll.probe(env, sets[0], dtype)
     settings = coll.fit_to_budget(sets, settings, pr, budget.remaining())
