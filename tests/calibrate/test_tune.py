@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import optuna
-import pytest
 import yaml
 
 from meshplan.cli import main as cli_main
