@@ -118,8 +118,7 @@ def with_matmul_fraction(prof: ClusterProfile, dtype: str, value: float) -> Clus
 
 def with_bus_scale(prof: ClusterProfile, level: str, base: ClusterProfile, scale: float) -> ClusterProfile:
     """Every collective's bus bandwidth at `level` = `scale` x its value in `base`."""
-    table = {c: replace(fit, bus_bandwidth_gbs=base.collectives[level][c].bus_bandwidth_gbs * scale)
-             for c, fit in prof.collectives[level].items()}
+    table = {c: base.collectives[level][c].scaled(scale) for c in prof.collectives[level]}
     return replace(prof, collectives={**prof.collectives, level: table})
 
 

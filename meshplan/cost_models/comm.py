@@ -40,18 +40,19 @@ def collective_time(profile: ClusterProfile, collective: str, payload_bytes: flo
     n = span.size
     if n <= 1 or payload_bytes <= 0:
         return 0.0
-    node = profile.collectives[profile.node_level()][collective]
+    message = payload_bytes / calls
+    node_bw, node_lat = profile.collectives[profile.node_level()][collective].line_for(message)
     if span.nodes <= 1:
-        return calls * node.latency_us * 1e-6 + _bus_factor(collective, n) * payload_bytes / (node.bus_bandwidth_gbs * 1e9)
-    net = profile.collectives[profile.cluster_level()][collective]
-    busbw = min(net.bus_bandwidth_gbs * span.ranks_per_node, node.bus_bandwidth_gbs)
-    latency = net.latency_us + (node.latency_us if span.ranks_per_node > 1 else 0.0)
+        return calls * node_lat * 1e-6 + _bus_factor(collective, n) * payload_bytes / (node_bw * 1e9)
+    net_bw, net_lat = profile.collectives[profile.cluster_level()][collective].line_for(message)
+    busbw = min(net_bw * span.ranks_per_node, node_bw)
+    latency = net_lat + (node_lat if span.ranks_per_node > 1 else 0.0)
     return calls * latency * 1e-6 + _bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
 
 
 def p2p_time(profile: ClusterProfile, payload_bytes: float, crosses_node: bool) -> float:
     """One pipeline transfer: benchmarked latency and bandwidth, plus the call's wait for its peer (host.py)."""
     level = profile.cluster_level() if crosses_node else profile.node_level()
-    fit = profile.collectives[level]["send_recv"]
+    bandwidth, latency = profile.collectives[level]["send_recv"].line_for(payload_bytes)
     sync = profile.overheads.collective_sync_s
-    return fit.latency_us * 1e-6 + payload_bytes / (fit.bus_bandwidth_gbs * 1e9) + sync
+    return latency * 1e-6 + payload_bytes / (bandwidth * 1e9) + sync

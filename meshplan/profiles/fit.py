@@ -42,7 +42,7 @@ class FitError:
     mean_rel: float
     group_size: int = 0
     noise: float | None = None  # mean relative standard error of the measured medians (filled by the caller)
-    pieces_max_rel: float | None = None  # worst error of the two-piece fit, when one was needed
+    one_line_max_rel: float | None = None  # worst error of a single line, where the model has size ranges
 
 
 def _weighted_relative_lsq(x: np.ndarray, t: np.ndarray, w: np.ndarray) -> LinearFit:
@@ -110,13 +110,17 @@ def fit_latency_bandwidth(
 
 
 def fit_error(fit: LinearFit, nbytes: Sequence[float], effective_bytes: Sequence[float], times_s: Sequence[float]) -> FitError:
-    size = np.asarray(nbytes, dtype=float)
-    large = size >= LARGE_BYTES
-    x = np.asarray(effective_bytes, dtype=float)[large]
+    return error_of(nbytes, fit.predict(np.asarray(effective_bytes, dtype=float)), times_s)
+
+
+def error_of(nbytes: Sequence[float], predicted_s: Sequence[float], times_s: Sequence[float]) -> FitError:
+    """Relative error of predicted vs measured times over the messages of LARGE_BYTES and up."""
+    large = np.asarray(nbytes, dtype=float) >= LARGE_BYTES
+    p = np.asarray(predicted_s, dtype=float)[large]
     t = np.asarray(times_s, dtype=float)[large]
     if not len(t):
         return FitError(0, math.nan, math.nan)
-    rel = np.abs(fit.predict(x) / t - 1.0)
+    rel = np.abs(p / t - 1.0)
     return FitError(int(len(t)), float(rel.max()), float(rel.mean()))
 
 

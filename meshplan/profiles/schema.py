@@ -6,7 +6,7 @@ Collective bandwidths use the nccl-tests "bus bandwidth" convention, so publishe
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from meshplan.errors import InputError
@@ -62,9 +62,35 @@ class LinkLevel:
 
 
 @dataclass
-class CollectiveFit:
+class CollectiveSegment:
+    """Messages from min_bytes up, where the measurements need a line of their own."""
+
+    min_bytes: float
     bus_bandwidth_gbs: float
     latency_us: float
+
+
+@dataclass
+class CollectiveFit:
+    """time = latency + bus factor x bytes / bus bandwidth; `segments` (ascending) override the line
+    from their min_bytes on, where one line cannot follow the measurements (profile-cluster)."""
+
+    bus_bandwidth_gbs: float
+    latency_us: float
+    segments: list[CollectiveSegment] = field(default_factory=list)
+
+    def line_for(self, message_bytes: float) -> tuple[float, float]:
+        """(bus bandwidth GB/s, latency us) for one message of this size."""
+        for seg in reversed(self.segments):
+            if message_bytes >= seg.min_bytes:
+                return seg.bus_bandwidth_gbs, seg.latency_us
+        return self.bus_bandwidth_gbs, self.latency_us
+
+    def scaled(self, bandwidth_scale: float) -> "CollectiveFit":
+        """The same fit with every bandwidth multiplied by `bandwidth_scale` (calibration)."""
+        return CollectiveFit(self.bus_bandwidth_gbs * bandwidth_scale, self.latency_us,
+                             [replace(seg, bus_bandwidth_gbs=seg.bus_bandwidth_gbs * bandwidth_scale)
+                              for seg in self.segments])
 
 
 @dataclass
@@ -132,6 +158,22 @@ def _fraction(value: Any, field_name: str) -> float:
     return v
 
 
+def _segments(raw: Any, where: str) -> list[CollectiveSegment]:
+    if not isinstance(raw, list):
+        raise InputError(where, "must be a list of {min_bytes, bus_bandwidth_gbs, latency_us}")
+    out = []
+    for i, item in enumerate(raw):
+        f = f"{where}[{i}]"
+        item = require_mapping(item, f)
+        reject_unknown(item, ("min_bytes", "bus_bandwidth_gbs", "latency_us"), f)
+        out.append(CollectiveSegment(as_float(item.get("min_bytes"), f"{f}.min_bytes", 0.0),
+                                     as_float(item.get("bus_bandwidth_gbs"), f"{f}.bus_bandwidth_gbs", 0.0, True),
+                                     as_float(item.get("latency_us", 0.0), f"{f}.latency_us", 0.0)))
+        if i and out[-1].min_bytes <= out[-2].min_bytes:
+            raise InputError(f"{f}.min_bytes", "segments must be in ascending min_bytes")
+    return out
+
+
 def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
     data = require_mapping(data, where)
     reject_unknown(data, ClusterProfile.__dataclass_fields__, where)
@@ -157,10 +199,11 @@ def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
         for coll, fit in table.items():
             f = f"{where}.collectives.{level}.{coll}"
             fit = require_mapping(fit, f)
-            reject_unknown(fit, ("bus_bandwidth_gbs", "latency_us"), f)
+            reject_unknown(fit, ("bus_bandwidth_gbs", "latency_us", "segments"), f)
             collectives[level][coll] = CollectiveFit(
                 bus_bandwidth_gbs=as_float(fit.get("bus_bandwidth_gbs"), f"{f}.bus_bandwidth_gbs", 0.0, True),
                 latency_us=as_float(fit.get("latency_us", 0.0), f"{f}.latency_us", 0.0),
+                segments=_segments(fit.get("segments", []), f"{f}.segments"),
             )
     for level in names:
         missing = [c for c in COLLECTIVES if c not in collectives.get(level, {})]

@@ -17,7 +17,7 @@ from meshplan.profiles.bench.env import BenchEnv
 from meshplan.profiles.bench.peaks import cores_per_device, cpu_peaks, gpu_datasheet_peaks, resolve_peaks
 from meshplan.profiles.bench.progress import Reporter
 from meshplan.profiles.bench.worker import RawResults, WorkerOptions
-from meshplan.profiles.schema import COLLECTIVES, ClusterProfile, profile_from_dict
+from meshplan.profiles.schema import COLLECTIVES, ClusterProfile, CollectiveFit, CollectiveSegment, profile_from_dict
 from meshplan.profiles.versions import installed_versions
 from meshplan.yamlio import atomic_write_yaml
 
@@ -48,10 +48,9 @@ def fit_group_size(collective: str, level_sizes: list[int], in_node: bool) -> in
     return min(level_sizes)
 
 
-def fit_collectives(points: list[dict], levels: list[str]) -> tuple[dict, dict, dict]:
-    """Per level (the first is the node level) and collective: the fit, its error over >= 1 MiB, and a
-    two-piece fit where one line misses TARGET (kept in provenance: the schema has one fit per collective)."""
-    piecewise: dict[str, dict[str, list[dict]]] = {}
+def fit_collectives(points: list[dict], levels: list[str]) -> tuple[dict, dict]:
+    """Per level (the first is the node level) and collective: the fit (with two size ranges where one
+    line misses TARGET) and its error over >= 1 MiB."""
     fits: dict[str, dict[str, dict]] = {}
     errors: dict[str, dict[str, fit.FitError]] = {}
     for level in levels:
@@ -72,20 +71,28 @@ def fit_collectives(points: list[dict], levels: list[str]) -> tuple[dict, dict, 
             t = [p["time_s"] for p in ps]
             f = fit.fit_latency_bandwidth(b, x, t)
             fits[level][c] = {"bus_bandwidth_gbs": sig(f.busbw_gbs), "latency_us": _latency_us(f.latency_s)}
-            # errors of the fit as written (rounded), over the group the fit describes
-            written = fit.LinearFit(fits[level][c]["latency_us"] * 1e-6, 1e-9 / fits[level][c]["bus_bandwidth_gbs"])
             noise = [p["median_se"] for p in ps if p["bytes"] >= fit.LARGE_BYTES and p.get("median_se") is not None]
-            errors[level][c] = replace(fit.fit_error(written, b, x, t), group_size=n,
-                                       noise=statistics.mean(noise) if noise else None,
-                                       pieces_max_rel=None)
-            if errors[level][c].max_rel > TARGET:
+            one_line = _written_error(fits[level][c], b, x, t)
+            if one_line.max_rel > TARGET:
+                # Two regimes (e.g. buffers in cache vs from DRAM): each size range gets its own line.
                 pieces = fit.fit_two_pieces(b, x, t)
                 if pieces:
-                    piecewise.setdefault(level, {})[c] = [
-                        {"min_bytes": p.min_bytes, "max_bytes": p.max_bytes, "bus_bandwidth_gbs": sig(p.fit.busbw_gbs),
-                         "latency_us": _latency_us(p.fit.latency_s), "max_rel": sig(p.max_rel, 3)} for p in pieces]
-                    errors[level][c].pieces_max_rel = max(p.max_rel for p in pieces)
-    return fits, errors, piecewise
+                    fits[level][c]["segments"] = [
+                        {"min_bytes": p.min_bytes, "bus_bandwidth_gbs": sig(p.fit.busbw_gbs),
+                         "latency_us": _latency_us(p.fit.latency_s)} for p in pieces]
+            # errors of the model as written (rounded, with its segments), over the group it describes
+            errors[level][c] = replace(_written_error(fits[level][c], b, x, t), group_size=n,
+                                       noise=statistics.mean(noise) if noise else None,
+                                       one_line_max_rel=one_line.max_rel)
+    return fits, errors
+
+
+def _written_error(entry: dict, nbytes: list[float], effective: list[float], times: list[float]) -> fit.FitError:
+    """Fit error of a collective's profile entry as written: each message priced by the line covering its size."""
+    model = CollectiveFit(entry["bus_bandwidth_gbs"], entry["latency_us"],
+                          [CollectiveSegment(**seg) for seg in entry.get("segments", [])])
+    predicted = [lat * 1e-6 + xb / (bw * 1e9) for (bw, lat), xb in zip(map(model.line_for, nbytes), effective)]
+    return fit.error_of(nbytes, predicted, times)
 
 
 def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
@@ -164,7 +171,7 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
     """(profile, the dict it was built from, fit errors per level and collective)."""
     node_link = opts.node_link or ("nvlink" if env.is_cuda else "loopback")
     measured = [node_link] + ([opts.network_link] if env.nnodes >= 2 else [])
-    fits, errors, piecewise = fit_collectives(raw.collective_points, measured)
+    fits, errors = fit_collectives(raw.collective_points, measured)
     max_nodes = opts.max_nodes or env.nnodes
     copy_network = env.nnodes < 2 and max_nodes > 1
     links = _links_section(fits, measured, node_link, opts.network_link, copy_network)
@@ -188,11 +195,8 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "links": "bandwidth and latency of each level = its send_recv fit",
         "elapsed_s": round(raw.elapsed_s, 1),
     })
-    if piecewise:
-        prov["collectives.piecewise"] = piecewise
-        prov["collectives.piecewise_note"] = (f"where one latency + bandwidth line misses {TARGET:.0%} at >= 1 MiB, "
-                                              "the best split into two size ranges (the profile's fit stays the "
-                                              "single line with the smallest worst-case error)")
+    prov["collectives.segments_note"] = (f"where one latency + bandwidth line misses {TARGET:.0%} at >= 1 MiB, the "
+                                         "fit has two size ranges (segments), each with its own line")
     if copy_network:
         prov[f"links.{opts.network_link}"] = (f"not measured (single-node run): copied from {node_link}; "
                                               "processes on one host talk over the same link")
@@ -216,16 +220,18 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
 
 
 def format_fit_table(errors: dict) -> str:
-    lines = [f"{'level':<10} {'collective':<15} {'group':>5} {'points>=1MiB':>12} {'max err':>8} {'mean err':>9} "
-             f"{'median se':>10} {'2-piece max':>12}"]
+    lines = [f"{'level':<10} {'collective':<15} {'group':>5} {'points>=1MiB':>12} {'lines':>5} {'max err':>8} "
+             f"{'mean err':>9} {'median se':>10} {'one line':>9}"]
     for level, errs in errors.items():
         for c, e in errs.items():
             noise = "n/a" if e.noise is None else f"{e.noise:.1%}"
-            pieces = "-" if e.pieces_max_rel is None else f"{e.pieces_max_rel:.1%}"
-            lines.append(f"{level:<10} {c:<15} {e.group_size:>5} {e.n_points:>12} {e.max_rel:>8.1%} {e.mean_rel:>9.1%} "
-                         f"{noise:>10} {pieces:>12}")
-    lines.append("(median se: standard error of the measured medians, from the spread of per-round medians; "
-                 "2-piece max: worst error of a two-size-range fit, where one line misses 10 %)")
+            ranges = 1 if e.one_line_max_rel is None or e.one_line_max_rel == e.max_rel else 2
+            one = "-" if ranges == 1 else f"{e.one_line_max_rel:.1%}"
+            lines.append(f"{level:<10} {c:<15} {e.group_size:>5} {e.n_points:>12} {ranges:>5} {e.max_rel:>8.1%} "
+                         f"{e.mean_rel:>9.1%} {noise:>10} {one:>9}")
+    lines.append("(error of the profile's model as written; lines: 2 where one latency + bandwidth line missed "
+                 "10 % and each size range got its own, 'one line' giving that line's worst error; median se: "
+                 "standard error of the measured medians)")
     return "\n".join(lines)
 
 
