@@ -348,12 +348,8 @@ class _Search:
         return got
 
     def _per_layer_times(self, lay: Layout, order) -> tuple[float, float]:
-        one = lay.with_(pp=1, schedule="1F1B", v=1, stage_layers=(1,))
-        d = step_parts(one, self.prof, order).durations
-        layer = d.forward[0] + d.backward[0] + d.weight[0]
-        parts = step_parts(one.with_(stage_layers=(2,)), self.prof, order).durations
-        two = parts.forward[0] + parts.backward[0] + parts.weight[0]
-        return two - layer, 2 * layer - two
+        a_f, a_bw, emb, head, _ = self.linear_costs(lay, stage_inputs(lay, self.prof, order))
+        return a_f + a_bw, emb + head
 
     def rank_memory_bound_gib(self, lay: Layout) -> float:
         """Below the peak of any stage split: the lightest of the first, second and last pipeline ranks
@@ -457,15 +453,13 @@ class _Search:
         base = c.layout
         lay = base.with_(schedule=sched, v=v, stage_layers=layers)
         guess, lay = self.with_sac(lay, c.order, c.sac), self.with_sac(lay, c.order, c.sac, optimistic=True)
-        if lay.sac_ops == fast.sac_ops:
-            parts, bound = StepParts(*ref, stage_durations(lay, self.prof, *ref), ()), quick
-        else:
-            parts = step_parts(lay, self.prof, c.order)
-            d = parts.durations
-            bound = makespan_lower_bound(sched, lay.pp, v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p)
+        same = lay.sac_ops == fast.sac_ops  # then the class's pieces and quick bound hold as they are
+        inputs = ref if same else stage_inputs(lay, self.prof, c.order)
+        d = stage_durations(lay, self.prof, *inputs)
+        bound = quick if same else makespan_lower_bound(sched, lay.pp, v, lay.n_micro, d.forward, d.backward,
+                                                         d.weight, d.p2p)
         # Durations do not depend on the schedule; each rank's work does (stage placement).
-        parts = StepParts(parts.spans, parts.bt, parts.head, parts.emb, parts.durations,
-                          rank_busy(lay, parts.durations))
+        parts = StepParts(*inputs, d, rank_busy(lay, d))
         # The bound is the optimistic subset's; an SAC ILP leaf's own subset is settled in score against
         # the simulated peak, starting from the guess.
         if guess.sac_ops != lay.sac_ops:

@@ -63,12 +63,17 @@ def test_sac_enumeration_matches_brute_force(solver):
             got = best_subset(items, budget)
         else:  # the search takes the first pareto subset within the budget
             got = next((s for s in pareto_subsets(items) if items.bytes_of(s) <= budget), None)
-        if want is None:
-            assert got is None, (i, budget, got)
-            continue
-        assert got is not None, (i, budget)
-        assert items.bytes_of(got) <= budget * (1 + 1e-12), (i, budget, got)
-        assert items.time_of(got) == pytest.approx(want, rel=1e-12, abs=1e-18), (i, budget, got)
+        assert_optimal(i, items, budget, got, want, rel=1e-12, abs_=1e-18)
+
+
+def assert_optimal(i, items, budget, got, want, rel, abs_):
+    """`got` is a subset within budget with the brute-force optimum's recompute (or both are None)."""
+    if want is None:
+        assert got is None, (i, budget, got)
+        return
+    assert got is not None, (i, budget)
+    assert items.bytes_of(got) <= budget * (1 + rel), (i, budget, got)
+    assert items.time_of(got) == pytest.approx(want, rel=rel, abs=abs_), (i, budget, got)
 
 
 def test_sac_pulp_matches_brute_force():
@@ -76,12 +81,7 @@ def test_sac_pulp_matches_brute_force():
     for i, items, budget in CASES[::5]:
         want = brute_optimum(items, budget)
         got = solve_sac_ilp(items, budget)
-        if want is None:
-            assert got is None, (i, budget, got)
-            continue
-        assert got is not None, (i, budget)
-        assert items.bytes_of(got) <= budget * (1 + 1e-9), (i, budget, got)
-        assert items.time_of(got) == pytest.approx(want, rel=1e-9, abs=1e-15), (i, budget, got)
+        assert_optimal(i, items, budget, got, want, rel=1e-9, abs_=1e-15)
 
 
 def test_sac_pulp_free_kind():
