@@ -157,6 +157,7 @@ class _Search:
         self._sim_cache: dict = {}
         self._split_cache: dict = {}
         self._leaf_tables: dict = {}
+        self._rank_groups: dict = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
     def reject(self, reason: str, n: int) -> None:
@@ -566,13 +567,20 @@ class _Search:
     def peak_memory_gib(self, lay: Layout, in_flight: tuple[float, ...]) -> float:
         """The highest rank peak. Ranks holding the same layers and ends differ only in activations in
         flight, and a rank's peak grows with those: one rank per such group is enough."""
-        group_rank: dict[tuple, int] = {}
-        for r in range(lay.pp):
-            sp = stage_params(lay, r)
-            key = (sp.layers, sp.embedding, sp.head)
-            if key not in group_rank or in_flight[r] > in_flight[group_rank[key]]:
-                group_rank[key] = r
-        return max(rank_memory(lay, r, in_flight[r], self.prof.overheads).total for r in group_rank.values()) / GIB
+        heaviest = [max(ranks, key=lambda r: in_flight[r]) for ranks in self.rank_groups(lay)]
+        return max(rank_memory(lay, r, in_flight[r], self.prof.overheads).total for r in heaviest) / GIB
+
+    def rank_groups(self, lay: Layout) -> list[list[int]]:
+        """Pipeline ranks grouped by the layers and ends they hold (the same for every layout alike)."""
+        key = (lay.pp, lay.schedule, lay.stage_layers, lay.tp)
+        got = self._rank_groups.get(key)
+        if got is None:
+            groups: dict[tuple, list[int]] = {}
+            for r in range(lay.pp):
+                sp = stage_params(lay, r)
+                groups.setdefault((sp.layers, sp.embedding, sp.head), []).append(r)
+            got = self._rank_groups[key] = list(groups.values())
+        return got
 
     def simulate_scaled(self, lay: Layout, d) -> tuple[float, tuple[float, ...]]:
         """The schedule simulation on durations in units of the first stage's forward, rounded to
