@@ -131,8 +131,13 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     w = list(w) if w is not None else [0.0] * n_stages
     b_eff = list(b) if split else [bi + wi for bi, wi in zip(b, w)]
     rank_of = [stage_rank(s, pp, schedule) for s in range(n_stages)]
-    f_done: dict[tuple[int, int], float] = {}
-    b_done: dict[tuple[int, int], float] = {}
+    # Send time into stage s from s - 1 (forward) and from s + 1 (backward): p2p only across ranks.
+    p2p_fwd = [0.0] + [p2p if rank_of[s - 1] != rank_of[s] else 0.0 for s in range(1, n_stages)]
+    p2p_bwd = [p2p if rank_of[s + 1] != rank_of[s] else 0.0 for s in range(n_stages - 1)] + [0.0]
+    last_stage = n_stages - 1
+    # When each (stage, micro-batch) finished its forward / backward, at index stage * n_micro + mb.
+    f_done: list[float | None] = [None] * (n_stages * n_micro)
+    b_done: list[float | None] = [None] * (n_stages * n_micro)
     result = ScheduleResult(schedule, pp, v, n_micro, busy=[0.0] * pp, peak_in_flight=[0.0] * pp)
     free = [0.0] * pp
     last_kind = ["B"] * pp
@@ -142,32 +147,29 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     b_orders = [backward_order(schedule, pp, v, r, n_micro) for r in range(pp)]
     next_f = [0] * pp
     next_b = [0] * pp
-    pending_f = [n_micro * sum(1 for s in range(n_stages) if rank_of[s] == r) for r in range(pp)]  # forwards left
+    local_stages = [[s for s in range(n_stages) if rank_of[s] == r] for r in range(pp)]
+    pending_f = [n_micro * len(local_stages[r]) for r in range(pp)]  # forwards left
     pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(pp)]
     remaining = n_stages * n_micro * (3 if split else 2)
     limits = [in_flight_limit(schedule, pp, v, r, n_micro) for r in range(pp)]
+    next_f_mb = [0] * n_stages  # greedy (V-shaped) schedules run each stage's micro-batches in order
+    next_b_mb = [0] * n_stages
 
     def f_ready(s: int, mb: int) -> float | None:
         if s == 0:
             return 0.0
-        t = f_done.get((s - 1, mb))
-        if t is None:
-            return None
-        return t + (p2p if rank_of[s - 1] != rank_of[s] else 0.0)
+        t = f_done[(s - 1) * n_micro + mb]
+        return None if t is None else t + p2p_fwd[s]
 
     def b_ready(s: int, mb: int) -> float | None:
-        if (s, mb) not in f_done:
-            return None
-        if s == n_stages - 1:
-            return f_done[(s, mb)]
-        t = b_done.get((s + 1, mb))
+        t_f = f_done[s * n_micro + mb]
+        if t_f is None or s == last_stage:
+            return t_f
+        t = b_done[(s + 1) * n_micro + mb]
         if t is None:
             return None
-        return max(t + (p2p if rank_of[s + 1] != rank_of[s] else 0.0), f_done[(s, mb)])
-
-    local_stages = [[s for s in range(n_stages) if rank_of[s] == r] for r in range(pp)]
-    next_f_mb = [0] * n_stages  # greedy (V-shaped) schedules run each stage's micro-batches in order
-    next_b_mb = [0] * n_stages
+        t += p2p_bwd[s]
+        return t if t > t_f else t_f
 
     def v_window_ok(r: int, s: int) -> bool:
         """ZB-V warm-up: a rank's first chunk runs at most 2(pp - r) - 1 micro-batches ahead of its second."""
@@ -177,8 +179,9 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     def candidates(r: int) -> list[tuple[float, int, int, int, str]]:
         out = []
         if n_held[r] < limits[r] and pending_f[r]:
-            if orders[r] is not None:
-                s, mb = orders[r][next_f[r]]
+            order = orders[r]
+            if order is not None:
+                s, mb = order[next_f[r]]
                 t = f_ready(s, mb)
                 if t is not None:
                     out.append((t, 1, -s, mb, "F"))
@@ -189,9 +192,10 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
                         t = f_ready(s, mb)
                         if t is not None:
                             out.append((t, 1, -s, mb, "F"))
-        if b_orders[r] is not None:
-            if next_b[r] < len(b_orders[r]):
-                s, mb = b_orders[r][next_b[r]]
+        b_order = b_orders[r]
+        if b_order is not None:
+            if next_b[r] < len(b_order):
+                s, mb = b_order[next_b[r]]
                 t = b_ready(s, mb)
                 if t is not None:
                     out.append((t, 0, mb, -s, "B"))
@@ -206,13 +210,16 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             # Weight gradients run oldest first; past `pp` waiting they outrank forwards, which
             # bounds the activations they pin.
             s, mb = pending_w[r][0]
-            out.append((b_done[(s, mb)], 2 if len(pending_w[r]) <= pp else -1, mb, s, "W"))
+            out.append((b_done[s * n_micro + mb], 2 if len(pending_w[r]) <= pp else -1, mb, s, "W"))
         return out
 
     def pick(r: int) -> tuple[float, tuple] | None:
         cands = candidates(r)
         if not cands:
             return None
+        if len(cands) == 1:
+            c = cands[0]
+            return (free[r], c) if c[0] <= free[r] + 1e-12 else (c[0], c)
         now = free[r] + 1e-12
         # Steady 1F1B: when a forward and a backward are both ready, take the other kind than last
         # time; weight-gradient work only fills what would otherwise be idle.
@@ -230,16 +237,20 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
 
     # A rank's next choice changes only when it or a neighbouring stage's rank acts: cache the rest.
     picks: list = [pick(r) for r in range(pp)]
+    busy, peak, blocks = result.busy, result.peak_in_flight, result.blocks
+    makespan = 0.0
     while remaining:
         choice = None
         for r in range(pp):
             got = picks[r]
             if got is not None and (choice is None or got[0] < choice[0] - 1e-15):
-                choice = (got[0], r, got[1])
+                choice, chosen = got, r
         if choice is None:
             raise RuntimeError(f"{schedule}: deadlock with pp={pp} v={v} m={n_micro}")
-        start, r, cand = choice
+        r = chosen
+        start, cand = choice
         kind = cand[4]
+        other = -1  # the rank whose options this event changes besides r's own
         if kind == "F":
             s, mb = -cand[2], cand[3]
             if orders[r] is not None:
@@ -247,46 +258,46 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             pending_f[r] -= 1
             next_f_mb[s] += 1
             end = start + f[s]
-            f_done[(s, mb)] = end
+            f_done[s * n_micro + mb] = end
             held[r] += 1.0
             n_held[r] += 1
+            if s < last_stage:
+                other = rank_of[s + 1]  # a forward readies the next stage's forward
         elif kind == "B":
             s, mb = -cand[3], cand[2]
             if b_orders[r] is not None:
                 next_b[r] += 1
             next_b_mb[s] += 1
             end = start + b_eff[s]
-            b_done[(s, mb)] = end
+            b_done[s * n_micro + mb] = end
             n_held[r] -= 1
             if split:
                 held[r] -= 1.0 - w_memory_share
                 pending_w[r].append((s, mb))
             else:
                 held[r] -= 1.0
+            if s > 0:
+                other = rank_of[s - 1]  # a backward readies the previous stage's backward
         else:
             s, mb = cand[3], cand[2]
             pending_w[r].popleft()
             end = start + w[s]
             held[r] -= w_memory_share
-        result.peak_in_flight[r] = max(result.peak_in_flight[r], held[r])
+        if held[r] > peak[r]:
+            peak[r] = held[r]
         if keep_blocks:
-            result.blocks.append(Block(r, s, mb, kind, start, end))
-        if end > result.makespan:
-            result.makespan = end
-        result.busy[r] += end - start
+            blocks.append(Block(r, s, mb, kind, start, end))
+        if end > makespan:
+            makespan = end
+        busy[r] += end - start
         free[r] = end
         if kind != "W":
             last_kind[r] = kind
         remaining -= 1
-        # Whose options this changed: a forward readies the next stage's forward, a backward the
-        # previous stage's backward; everything else a rank waits on is its own.
-        touched = {r}
-        if kind == "F" and s < n_stages - 1:
-            touched.add(rank_of[s + 1])
-        elif kind == "B" and s > 0:
-            touched.add(rank_of[s - 1])
-        for t in touched:
-            picks[t] = pick(t)
+        picks[r] = pick(r)
+        if other >= 0 and other != r:
+            picks[other] = pick(other)
+    result.makespan = makespan
     return result
 
 
