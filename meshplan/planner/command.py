@@ -14,6 +14,7 @@ from meshplan.errors import InputError
 from meshplan.fields import AUTO
 from meshplan.planner.search import SearchResult, search
 from meshplan.planner.summary import print_summary, what_would_fit, write_candidates
+from meshplan.planner.workers import DEFAULT_MAX_JOBS
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import plan_from_dict
 
@@ -82,6 +83,8 @@ def parser() -> ArgumentParser:
     ap.add_argument("--top", type=int, default=10, help="how many plans to rank and show (default 10)")
     ap.add_argument("--out", default="best.yaml", help="where to write the best plan (default best.yaml)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    ap.add_argument("--jobs", type=int, default=None,
+                    help=f"processes to search on (default: the CPUs available, at most {DEFAULT_MAX_JOBS}; 1: no workers)")
     ap.add_argument("--report", default=None, help="also write a report of the search (.html, .md or .csv)")
     return ap
 
@@ -96,13 +99,15 @@ def main(argv: list[str]) -> int:
         raise InputError("--global-batch", f"must be >= 1, got {args.global_batch}")
     if args.top < 1:
         raise InputError("--top", f"must be >= 1, got {args.top}")
+    if args.jobs is not None and args.jobs < 1:
+        raise InputError("--jobs", f"must be >= 1, got {args.jobs}")
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
         raise InputError("--out", f"must name a .yaml file, got {args.out!r}")
     plan = plan_from_dict(build_plan_mapping(args))
     profile = load_profile(plan.cluster)
     warnings = _version_warnings(profile)
-    result = search(plan, profile, top_k=args.top, excludes=parse_excludes(args.exclude))
+    result = search(plan, profile, top_k=args.top, excludes=parse_excludes(args.exclude), jobs=args.jobs)
     result.warnings.extend(warnings)
     if result.best is None:
         return _nothing_fits(result, plan, profile, args)

@@ -36,6 +36,7 @@ from meshplan.planner.placement import distinct_orders, placement_for
 from meshplan.planner.sac_ilp import SacItems, pareto_subsets, solve_sac_ilp
 from meshplan.planner.space import EVEN, SAC_ILP, Mesh, Space
 from meshplan.planner.stage_split import balanced_split
+from meshplan.planner.workers import default_jobs, search_on_workers
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import SAC_OPS, Plan
 
@@ -174,10 +175,34 @@ class _Search:
             heapq.heapreplace(self.top, item)
 
     def note_nonfit(self, lay: Layout, order, step: float, peak: float, exact: bool) -> None:
-        self.nonfit.append(NonFit(lay, order, step, peak, exact))
+        self.add_nonfit(NonFit(lay, order, step, peak, exact))
+
+    def add_nonfit(self, nf: NonFit) -> None:
+        self.nonfit.append(nf)
         if len(self.nonfit) > 64:
             self.nonfit.sort(key=lambda n: n.step_time_s)
             del self.nonfit[16:]
+
+    # -- searching on worker processes (workers.py) ------------------------------------
+    def findings(self) -> dict[str, Any]:
+        """What a worker found, for the parent to absorb."""
+        return {"rejections": self.rejections, "top": [c for _, _, c in self.top], "nonfit": self.nonfit,
+                "scored": self.scored, "counts": (self.size, self.n_exact, self.n_sim, self.n_dom, self.n_bounded)}
+
+    def absorb(self, found: dict[str, Any]) -> None:
+        for reason, n in found["rejections"].items():
+            self.reject(reason, n)
+        for cand in found["top"]:
+            self.keep(cand)
+        for nf in found["nonfit"]:
+            self.add_nonfit(nf)
+        self.scored += found["scored"]
+        size, n_exact, n_sim, n_dom, n_bounded = found["counts"]
+        self.size += size
+        self.n_exact += n_exact
+        self.n_sim += n_sim
+        self.n_dom += n_dom
+        self.n_bounded += n_bounded
 
     # -- counting leaves -----------------------------------------------------------------
     def schedule_leaves(self, pp: int) -> int:
@@ -209,11 +234,20 @@ class _Search:
         return 12.0 * params / (m.dp_shard * m.cp) / GIB
 
     # -- the search ----------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self, jobs: int = 1) -> None:
+        meshes = self.space.meshes()
+        if not search_on_workers(self, meshes, jobs):
+            self.search_meshes(meshes)
+
+    def search_meshes(self, meshes: list[Mesh]) -> None:
+        self.drain(self.mesh_queue(meshes))
+
+    def mesh_queue(self, meshes: list[Mesh]) -> list[tuple[float, int, str, Any]]:
+        """Count the space, reject whole meshes, and bound the rest: the nodes the search starts from."""
         s = self.space
         mbs = s.micro_batches()
         queue: list[tuple[float, int, str, Any]] = []
-        for m in s.meshes():
+        for m in meshes:
             per_mb = self.knob_leaves(m)
             orders = self.orders(m)
             leaves = per_mb * len(mbs) * len(orders)
@@ -235,7 +269,10 @@ class _Search:
                     node = self.mesh_node(m, mb, order, per_mb)
                     if node is not None:
                         queue.append((node[0], next(self.tie), "mesh", node[1:]))
-        # One best-first queue of mesh nodes, knob classes and leaves awaiting simulation, by time bound.
+        return queue
+
+    def drain(self, queue: list[tuple[float, int, str, Any]]) -> None:
+        """One best-first queue of mesh nodes, knob classes and leaves awaiting simulation, by time bound."""
         heapq.heapify(queue)
         while queue:
             bound, _, kind, item = heapq.heappop(queue)
@@ -667,12 +704,14 @@ class _Search:
         return items
 
 
-def search(plan: Plan, profile: ClusterProfile, top_k: int = 10, excludes: dict[str, list] | None = None) -> SearchResult:
-    """Search every auto field of `plan` (the rest fixed); the best top_k plans that fit."""
+def search(plan: Plan, profile: ClusterProfile, top_k: int = 10, excludes: dict[str, list] | None = None,
+           jobs: int | None = None) -> SearchResult:
+    """Search every auto field of `plan` (the rest fixed); the best top_k plans that fit.
+    jobs: processes to search on (default: the CPUs available, up to DEFAULT_MAX_JOBS)."""
     t0 = time.perf_counter()
     space = Space.from_plan(plan, profile, excludes)
     s = _Search(space, profile, top_k)
-    s.run()
+    s.run(default_jobs() if jobs is None else jobs)
     ranked = [c for _, _, c in sorted(s.top, key=lambda x: -x[0])]
     for cand in ranked:
         # The exact estimate (exact schedule simulation) replaces the screening figures.

@@ -1,0 +1,78 @@
+"""The search on worker processes finds exactly what it finds on one, and a failing worker fails it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from planner_brute import make_plan  # noqa: E402
+
+from meshplan.planner.search import search  # noqa: E402
+from meshplan.planner.workers import MIN_MESHES_PER_JOB  # noqa: E402
+from meshplan.profiles.registry import load_profile  # noqa: E402
+
+# The package's `search` function shadows its module of the same name.
+search_module = importlib.import_module("meshplan.planner.search")
+PROFILE = load_profile("h100-80g-dgx")
+
+
+@pytest.fixture
+def worker_use(monkeypatch):
+    """Records whether each search really went to workers."""
+    used: list[bool] = []
+    real = search_module.search_on_workers
+
+    def spy(*args):
+        used.append(real(*args))
+        return used[-1]
+
+    monkeypatch.setattr(search_module, "search_on_workers", spy)
+    return used
+
+
+@pytest.mark.timeout(300)
+def test_two_processes_find_the_plans_one_finds(worker_use):
+    plan = make_plan("small", 512, 512, None, "h100-80g-dgx", ())
+    one = search(plan, PROFILE, top_k=5, jobs=1)
+    two = search(plan, PROFILE, top_k=5, jobs=2)
+    assert worker_use == [False, True]
+    assert len(one.ranked) == 5
+    assert [(c.layout, c.order, c.step_time_s, c.peak_memory_gib) for c in two.ranked] == \
+        [(c.layout, c.order, c.step_time_s, c.peak_memory_gib) for c in one.ranked]
+    assert two.best_plan().to_dict() == one.best_plan().to_dict()
+    for res in (one, two):
+        counts = res.counts()
+        assert counts["space"] == 11_864_832
+        assert counts["accounted"] == counts["space"]
+    # Each worker reports back the leaves it scored; none is lost or counted twice.
+    assert two.n_exact == sum(1 for c in two.scored if c.peak_memory_gib <= two.usable_memory_gib)
+
+
+def test_few_meshes_stay_on_one_process(worker_use):
+    plan = make_plan("tiny", 8, 256, 16, "h100-80g-dgx", ())
+    res = search(plan, PROFILE, top_k=3, jobs=4)
+    assert worker_use == [False]
+    assert len(search_module.Space.from_plan(plan, PROFILE, None).meshes()) < 4 * MIN_MESHES_PER_JOB
+    assert res.best is not None
+
+
+@pytest.mark.timeout(300)
+def test_a_failing_worker_fails_the_search(monkeypatch):
+    parent = os.getpid()
+    real = search_module._Search.search_meshes
+
+    def fail_in_worker(self, meshes):
+        if os.getpid() != parent:
+            raise ValueError("worker boom")
+        return real(self, meshes)
+
+    monkeypatch.setattr(search_module._Search, "search_meshes", fail_in_worker)
+    plan = make_plan("small", 512, 512, None, "h100-80g-dgx", ())
+    with pytest.raises(RuntimeError, match="(?s)planner worker failed.*ValueError: worker boom"):
+        search(plan, PROFILE, top_k=3, jobs=2)
