@@ -290,12 +290,12 @@ def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Grou
         held = lay.pp > 1 or not lay.reshard_after_forward
         gathers = 1 if held else 2 * lay.n_micro
         fsdp = gathers * collective_time(prof, "all_gather", params * gather_bytes, span, calls=units)
-        fsdp += collective_time(prof, "reduce_scatter", params * 4.0, span, calls=units)
+        fsdp += lay.grad_reductions * collective_time(prof, "reduce_scatter", params * 4.0, span, calls=units)
         tail += collective_time(prof, "all_gather", sp.block * gather_bytes, span)
         tail += collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
-        dp = collective_time(prof, "all_reduce", params * 4.0 / lay.fsdp_shard, span, calls=units)
+        dp = lay.grad_reductions * collective_time(prof, "all_reduce", params * 4.0 / lay.fsdp_shard, span, calls=units)
         tail += collective_time(prof, "all_reduce", sp.block * 4.0 / lay.fsdp_shard, span)
     hidden = prof.overheads.fsdp_overlap * busy
     total = fsdp + dp

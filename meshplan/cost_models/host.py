@@ -156,20 +156,19 @@ def step_host(lay: Layout, rank: int) -> HostOps:
 
 
 def _data_parallel_host(lay: Layout, fsdp_units: int, parts: int, tensors: int) -> HostOps:
-    """FSDP2 / HSDP / replicate hooks and calls. Without PP, gradients are reduced every micro-batch (the
-    runtime does not skip the sync while accumulating); PP's schedule reduces them once per step."""
+    """FSDP2 / HSDP / replicate hooks and calls; gradients are reduced lay.grad_reductions times a step."""
     m = lay.n_micro
     if lay.fsdp_shard > 1:
         units = fsdp_units
         ops = m * (units * UNIT_OPS + tensors * UNIT_OPS_PER_TENSOR)
-        reduce_calls = units * (1 + (lay.dp_replicate > 1))  # reduce-scatter, and HSDP's all-reduce
+        reduce_calls = lay.grad_reductions * units * (1 + (lay.dp_replicate > 1))  # reduce-scatter, HSDP's all-reduce
         if lay.pp > 1:
             return HostOps(ops, calls=m * units + reduce_calls)
         regather = units - 1 if lay.reshard_after_forward else 0  # the last block stays unsharded
-        return HostOps(ops, calls=m * (units + regather + reduce_calls))
+        return HostOps(ops, calls=m * (units + regather) + reduce_calls)
     if lay.dp_replicate > 1:
         ops = m * (parts * UNIT_OPS + tensors * UNIT_OPS_PER_TENSOR)
-        return HostOps(ops, calls=parts * (1 if lay.pp > 1 else m))
+        return HostOps(ops, calls=parts * lay.grad_reductions)
     return HostOps()
 
 

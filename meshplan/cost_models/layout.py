@@ -37,6 +37,9 @@ class Layout:
     reshard_after_forward: bool
     compile: bool
     attention_kernel: str = "flash"  # flash (fused, default everywhere) | eager (materialised scores, Megatron 2021)
+    # When data-parallel gradients are reduced while micro-batches accumulate: every_microbatch (FSDP2,
+    # HSDP and composable DDP as the runtime and TorchTitan run them) | last_microbatch (Megatron's DDP).
+    grad_sync: str = "every_microbatch"
 
     @property
     def dp(self) -> int:
@@ -58,6 +61,12 @@ class Layout:
     def n_micro(self) -> int:
         """Micro-batches per optimizer step on each data-parallel rank (PP micro-batches or accumulation)."""
         return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def grad_reductions(self) -> int:
+        """Data-parallel gradient reductions per step: a pipeline schedule holds the sync back to the
+        last micro-batch; without one, FSDP2 and DDP reduce after every backward unless told not to."""
+        return 1 if self.pp > 1 or self.grad_sync == "last_microbatch" else self.n_micro
 
     @property
     def tokens_per_micro(self) -> int:
