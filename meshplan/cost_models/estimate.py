@@ -12,7 +12,7 @@ from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
 from meshplan.cost_models.host import step_host_time
 from meshplan.cost_models.layout import Layout, layout_of
-from meshplan.cost_models.memory import GIB, rank_memory, stage_params
+from meshplan.cost_models.memory import GIB, kept_output_units, rank_memory, stage_params
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, stage_rank
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
@@ -217,7 +217,13 @@ def step_time_lower_bound(lay: Layout, prof: ClusterProfile, order: tuple[str, .
 def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> Estimate:
     parts = step_parts(lay, prof, order)
     spans, bt, head, emb, d = parts.spans, parts.bt, parts.head, parts.emb, parts.durations
-    if lay.pp > 1:
+    kept_units = tuple(kept_output_units(lay)) if lay.pp > 1 and lay.pp_keeps_outputs else None
+    kept = (0.0,) * lay.pp
+    if kept_units:
+        res = simulate(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p,
+                       keep_blocks=False, kept=list(kept_units))
+        makespan, busy, in_flight, kept = res.makespan, res.busy, res.peak_in_flight, res.peak_kept
+    elif lay.pp > 1:
         makespan, busy, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
                                                      tuple(d.backward), tuple(d.weight), d.p2p)
     else:
@@ -229,7 +235,7 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     time_s["optimizer"] = optimizer
     time_s["overhead"] = prof.overheads.step_overhead_s
 
-    mems = [rank_memory(lay, r, in_flight[r], prof.overheads) for r in range(lay.pp)]
+    mems = [rank_memory(lay, r, in_flight[r], prof.overheads, kept[r]) for r in range(lay.pp)]
     peak = max(mems, key=lambda m: m.total)
     tokens_per_s = lay.global_batch * lay.seq_len / step / lay.gpus
     mflops = model_flops_per_token(lay.spec, lay.seq_len)

@@ -12,6 +12,7 @@ from functools import lru_cache
 
 from meshplan.cost_models.activations import activation_bytes_per_token, recompute_peak_bytes_per_token
 from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import Overheads
 
 GIB = 1024.0 ** 3
@@ -51,7 +52,6 @@ def stage_params(lay: Layout, rank: int) -> StageParams:
 
 @lru_cache(maxsize=65536)
 def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], tp: int, rank: int) -> StageParams:
-    from meshplan.cost_models.pipeline import stage_rank
 
     n_stages = len(stage_layers)
     stages = [s for s in range(n_stages) if stage_rank(s, pp, schedule) == rank]
@@ -66,8 +66,9 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
     return StageParams(layers, block, emb, head)
 
 
-def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) -> RankMemory:
-    """Peak bytes on pipeline rank `rank`; in_flight = (stage, micro-batch) activation sets held at peak."""
+def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, kept: float = 0.0) -> RankMemory:
+    """Peak bytes on pipeline rank `rank`; in_flight = (stage, micro-batch) activation sets held at peak,
+    kept = stage outputs held to the step's end at that moment, in the same units (see kept_output_units)."""
     sp = stage_params(lay, rank)
     p = sp.total
     shard = lay.fsdp_shard
@@ -76,12 +77,8 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) 
     mem.parts["grads"] = STATE_BYTES["grads"] * p / shard
     mem.parts["optimizer"] = STATE_BYTES["optimizer"] * p / shard
     mem.parts["fsdp_buffers"] = _fsdp_buffers(lay, sp)
-    layers_per_stage = sp.layers / lay.v
     tokens = lay.tokens_per_micro
-    per_layer = activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
-                                           lay.sac_ops, lay.act_bytes)
-    # One in-flight unit is one stage's layers for one micro-batch (plus the hidden state handed on).
-    unit = tokens * (per_layer * layers_per_stage + lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1))
+    unit = activation_unit_bytes(lay, sp)
     mem.parts["activations"] = unit * in_flight
     transient = 0.0
     if lay.ac != "none":
@@ -92,8 +89,12 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) 
     if lay.pp > 1:
         # torch.distributed.pipelining allocates receive buffers for every micro-batch up front:
         # the stage input in forward and its gradient in backward, for each stage on this rank.
-        hidden = tokens * lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1)
+        hidden = tokens * _hidden_bytes_per_token(lay)
         mem.parts["pp_buffers"] = 2 * lay.n_micro * hidden * lay.v
+        if kept:
+            # The micro-batch whose loss is being computed has its logits in the transient already.
+            current = logits_fp32_bytes(lay) if sp.head else 0.0
+            mem.parts["pp_outputs"] = max(0.0, kept * unit - current)
     if lay.cp > 1:
         # All-gathered keys and values of one layer, for the whole sequence.
         mem.parts["cp_buffers"] = 2 * lay.micro_batch * lay.seq_len * lay.spec.kv_dim / lay.tp * lay.act_bytes
@@ -104,6 +105,34 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads) 
     live = mem.total
     mem.parts["overhead"] = overheads.context_gib * GIB + overheads.memory_fragmentation * live
     return mem
+
+
+def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
+    """One in-flight unit: one stage's layers for one micro-batch, plus the hidden state handed on."""
+    per_layer = activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
+                                           lay.sac_ops, lay.act_bytes)
+    return lay.tokens_per_micro * (per_layer * sp.layers / lay.v + _hidden_bytes_per_token(lay))
+
+
+def _hidden_bytes_per_token(lay: Layout) -> float:
+    return lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1)
+
+
+def logits_fp32_bytes(lay: Layout) -> float:
+    """One micro-batch's logits upcast to fp32, vocab sharded by loss parallel under TP."""
+    return lay.tokens_per_micro * lay.spec.vocab_size / lay.tp * 4.0
+
+
+def kept_output_units(lay: Layout) -> list[float]:
+    """Per stage, what one forward leaves held until the step ends when the schedule returns every
+    micro-batch's output (Layout.pp_keeps_outputs), in activation units of the stage's rank: the
+    hidden state handed on, or on the last stage the fp32 logits."""
+    out = []
+    for s in range(lay.n_stages):
+        sp = stage_params(lay, stage_rank(s, lay.pp, lay.schedule))
+        kept = logits_fp32_bytes(lay) if s == lay.n_stages - 1 else lay.tokens_per_micro * _hidden_bytes_per_token(lay)
+        out.append(kept / activation_unit_bytes(lay, sp))
+    return out
 
 
 def _grads_live_at_peak(lay: Layout) -> bool:

@@ -44,6 +44,9 @@ class ScheduleResult:
     makespan: float = 0.0
     busy: list[float] = field(default_factory=list)
     peak_in_flight: list[float] = field(default_factory=list)  # activation units (one stage, one mb)
+    # Outputs kept until the step ends (see simulate's `kept`), in the same units, at the moment
+    # activations plus kept outputs peak; peak_in_flight is then the activations at that moment.
+    peak_kept: list[float] = field(default_factory=list)
 
     @property
     def bubble_time(self) -> float:
@@ -116,7 +119,7 @@ def backward_order(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> l
 
 def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: list[float],
              w: list[float] | None = None, p2p: float = 0.0, w_memory_share: float = 1.0,
-             keep_blocks: bool = True) -> ScheduleResult:
+             keep_blocks: bool = True, kept: list[float] | None = None) -> ScheduleResult:
     """Simulate one optimizer step of the pipeline.
 
     f, b, w: per-stage durations of forward, backward-input and backward-weight (w is folded into b
@@ -124,6 +127,8 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     w_memory_share: share of a stage's activations still held after B until its W runs. PyTorch's
     stages compute input gradients with retain_graph=True, so the whole set stays until W (1.0).
     keep_blocks=False leaves `blocks` empty (makespan, busy and in-flight are still exact).
+    kept: per stage, activation units each forward leaves held until the step ends (a schedule that
+    returns every micro-batch's output); the peak is then that of activations plus these.
     """
     n_stages = pp * v
     split = schedule in SPLIT_BACKWARD
@@ -138,7 +143,9 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     # When each (stage, micro-batch) finished its forward / backward, at index stage * n_micro + mb.
     f_done: list[float | None] = [None] * (n_stages * n_micro)
     b_done: list[float | None] = [None] * (n_stages * n_micro)
-    result = ScheduleResult(schedule, pp, v, n_micro, busy=[0.0] * pp, peak_in_flight=[0.0] * pp)
+    result = ScheduleResult(schedule, pp, v, n_micro, busy=[0.0] * pp, peak_in_flight=[0.0] * pp,
+                            peak_kept=[0.0] * pp)
+    kept_by = [0.0] * pp  # kept outputs so far, per rank
     free = [0.0] * pp
     last_kind = ["B"] * pp
     held = [0.0] * pp
@@ -237,7 +244,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
 
     # A rank's next choice changes only when it or a neighbouring stage's rank acts: cache the rest.
     picks: list = [pick(r) for r in range(pp)]
-    busy, peak, blocks = result.busy, result.peak_in_flight, result.blocks
+    busy, peak, peak_kept, blocks = result.busy, result.peak_in_flight, result.peak_kept, result.blocks
     makespan = 0.0
     while remaining:
         choice = None
@@ -261,6 +268,8 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             f_done[s * n_micro + mb] = end
             held[r] += 1.0
             n_held[r] += 1
+            if kept is not None:
+                kept_by[r] += kept[s]
             if s < last_stage:
                 other = rank_of[s + 1]  # a forward readies the next stage's forward
         elif kind == "B":
@@ -283,8 +292,8 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             pending_w[r].popleft()
             end = start + w[s]
             held[r] -= w_memory_share
-        if held[r] > peak[r]:
-            peak[r] = held[r]
+        if held[r] + kept_by[r] > peak[r] + peak_kept[r]:
+            peak[r], peak_kept[r] = held[r], kept_by[r]
         if keep_blocks:
             blocks.append(Block(r, s, mb, kind, start, end))
         if end > makespan:

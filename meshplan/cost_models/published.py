@@ -8,8 +8,11 @@ is assumed once here, and printed by `meshplan validate`:
   fused kernels (bias-GeLU, bias-dropout-add, fused softmax/layernorm) are modelled as compile.
 - TorchTitan (Llama 3.1 on H100 96GB at 500 W): selective AC is TorchTitan's op policy (every
   other matmul and SDPA saved), FSDP2 with reshard after forward (not with PP),
-  pipeline micro-batches = PP degree (TorchTitan's default then), Interleaved 1F1B with 2 stages
-  per rank, async TP only where listed.
+  pipeline micro-batches = PP degree (the Interleaved 1F1B row's published speed-up over 1F1B
+  is the bubble ratio at 8 micro-batches; TorchTitan's default then was one per stage, 16), Interleaved
+  1F1B with 2 stages per rank split by TorchTitan's generate_split_points (126 layers over 8 stages:
+  15, 16 x 6, 15), async TP only where listed. PyTorch's pipelining of Dec 2024 kept every
+  micro-batch's stage output until the step ended, fp32 logits on the last stage (pp_keeps_outputs).
 """
 
 from __future__ import annotations
@@ -70,6 +73,18 @@ def _degrees(parallelism: str) -> dict[str, int]:
     return {k.lower(): int(v) for k, v in re.findall(r"(FSDP|TP|PP|CP)\s+(\d+)", parallelism)}
 
 
+def torchtitan_split(n_layers: int, n_stages: int) -> list[int]:
+    """TorchTitan's default stage split (generate_split_points, no split points given): the first
+    stage gets n_layers // n_stages, the middle stages one more while the remainder lasts, the last
+    stage what is left."""
+    base, extra = divmod(n_layers, n_stages)
+    layers = [base]
+    for _ in range(n_stages - 2):
+        layers.append(base + (1 if extra else 0))
+        extra -= 1 if extra else 0
+    return layers + [n_layers - sum(layers)]
+
+
 def torchtitan_rows() -> list[PublishedRow]:
     rows = []
     for r in _read_csv("torchtitan_llama31_h100_2024-12.csv"):
@@ -83,20 +98,23 @@ def torchtitan_rows() -> list[PublishedRow]:
         tech = r["techniques"]
         interleaved = "Interleaved" in tech
         n_micro = pp if pp > 1 else 1
+        layers = torchtitan_split(spec.n_layers, pp * (2 if interleaved else 1)) if pp > 1 else None
         plan = Plan(
             model=spec, cluster="h100-96g-gt", gpus=gpus,
             training=TrainingSpec(seq_len=seq, global_batch=local * fsdp, micro_batch=local // n_micro, dtype="bf16"),
             parallel=ParallelSpec(dp_replicate=1, dp_shard=fsdp, tp=tp, sequence_parallel=tp > 1,
                                   async_tp="AsyncTP" in tech, pp=pp,
                                   pp_schedule="Interleaved1F1B" if interleaved else "1F1B",
-                                  pp_virtual_stages=2 if interleaved else 1, pp_layers=None, cp=cp),
+                                  pp_virtual_stages=2 if interleaved else 1, pp_layers=layers, cp=cp),
             memory=MemorySpec(activation_checkpointing=r["activation checkpointing"], sac_ops=None,
                               float8="Float8" in tech, reshard_after_forward=pp == 1),
             compile="compile" in tech,
         )
         label = f"{r['table']}: {r['model']} {gpus} GPUs {r['parallelism']} seq {seq} | {tech}"
         tps = float(r["TPS/GPU"].replace(",", ""))
-        overrides = {"sac_ops": TORCHTITAN_OP_POLICY} if r["activation checkpointing"] == "selective" else {}
+        overrides: dict = {"pp_keeps_outputs": True} if pp > 1 else {}
+        if r["activation checkpointing"] == "selective":
+            overrides["sac_ops"] = TORCHTITAN_OP_POLICY
         rows.append(PublishedRow(f"TorchTitan H100 ({r['table']})", label, plan, "tokens_per_s_per_gpu", tps,
                                  float(r["Memory(GiB)"]), layout_overrides=overrides))
     return rows
