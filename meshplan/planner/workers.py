@@ -40,16 +40,22 @@ def search_on_workers(search: Any, meshes: list, jobs: int) -> bool:
         proc.start()
         send.close()
         workers.append((proc, receive))
-    search.search_meshes(shares[0])
-    for proc, receive in workers:
-        try:
-            status, payload = receive.recv()
-        except EOFError:
-            status, payload = "error", f"exited with code {proc.exitcode} before reporting"
-        proc.join()
-        if status == "error":
-            raise RuntimeError(f"planner worker failed: {payload}")
-        search.absorb(payload)
+    try:
+        search.search_meshes(shares[0])
+        for proc, receive in workers:
+            try:
+                status, payload = receive.recv()
+            except EOFError:
+                status, payload = "error", f"exited with code {proc.exitcode} before reporting"
+            proc.join()
+            if status == "error":
+                raise RuntimeError(f"planner worker failed: {payload}")
+            search.absorb(payload)
+    finally:
+        for proc, _ in workers:  # after a failure here, the others' work is moot
+            if proc.is_alive():
+                proc.terminate()
+                proc.join()
     return True
 
 

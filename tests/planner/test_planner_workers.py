@@ -76,3 +76,22 @@ def test_a_failing_worker_fails_the_search(monkeypatch):
     plan = make_plan("small", 512, 512, None, "h100-80g-dgx", ())
     with pytest.raises(RuntimeError, match="(?s)planner worker failed.*ValueError: worker boom"):
         search(plan, PROFILE, top_k=3, jobs=2)
+
+
+@pytest.mark.timeout(300)
+def test_a_failure_here_stops_the_workers(monkeypatch):
+    import multiprocessing
+
+    parent = os.getpid()
+    real = search_module._Search.search_meshes
+
+    def fail_here(self, meshes):
+        if os.getpid() == parent:
+            raise KeyboardInterrupt
+        return real(self, meshes)
+
+    monkeypatch.setattr(search_module._Search, "search_meshes", fail_here)
+    plan = make_plan("small", 512, 512, None, "h100-80g-dgx", ())
+    with pytest.raises(KeyboardInterrupt):
+        search(plan, PROFILE, top_k=3, jobs=2)
+    assert multiprocessing.active_children() == []
