@@ -42,7 +42,8 @@ def run(args: list[str]) -> dict:
         s = data["search"]
         n = s["counts"]
         row.update(space=n["space"], search_s=s["search_time_s"], scored=n["scored_exactly"],
-                   simulated=n["simulated"], pruned=n["pruned_by_bound"], rejected=n["rejected"],
+                   simulated=n["simulated"], stopped=n["simulations_stopped"], pruned=n["pruned_by_bound"],
+                   rejected=n["rejected"],
                    dominated=n["dominated"], accounted_ok=n["accounted"] == n["space"])
         row["candidates_per_s"] = n["space"] / s["search_time_s"] if s["search_time_s"] else float("inf")
         if data.get("best"):
@@ -65,7 +66,8 @@ def main() -> None:
             continue
         print(f"  exit {r['rc']}   wall {r['wall_s']:.2f} s   user {r['user_s']:.2f} s   sys {r['sys_s']:.2f} s")
         print(f"  space {r['space']:,} plans; search {r['search_s']:.2f} s -> {r['candidates_per_s']:,.0f} candidates/s")
-        print(f"  scored exactly {r['scored']:,} ({r['simulated']:,} simulated), dominated {r['dominated']:,}, "
+        print(f"  scored exactly {r['scored']:,} ({r['simulated']:,} simulated, {r['stopped']:,} of them stopped "
+              f"early: no fit), dominated {r['dominated']:,}, "
               f"pruned {r['pruned']:,}, rejected {r['rejected']:,}; every leaf accounted: {r['accounted_ok']}")
         if r.get("best"):
             print(f"  best: {r['best']}")

@@ -224,8 +224,8 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
                        keep_blocks=False, kept=list(kept_units))
         makespan, busy, in_flight, kept = res.makespan, res.busy, res.peak_in_flight, res.peak_kept
     elif lay.pp > 1:
-        makespan, busy, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
-                                                     tuple(d.backward), tuple(d.weight), d.p2p)
+        makespan, busy, in_flight, _ = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
+                                                        tuple(d.backward), tuple(d.weight), d.p2p)
     else:
         makespan, busy, in_flight = parts.busy[0], parts.busy, (1.0,)
     step, crit, _, data_detail, optimizer = compose_step(lay, prof, parts, makespan)
@@ -262,9 +262,12 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
 
 
 @lru_cache(maxsize=8192)
-def _simulate_cached(schedule: str, pp: int, v: int, m: int, f: tuple, b: tuple, w: tuple, p2p: float):
-    res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p, keep_blocks=False)
-    return res.makespan, tuple(res.busy), tuple(res.peak_in_flight)
+def _simulate_cached(schedule: str, pp: int, v: int, m: int, f: tuple, b: tuple, w: tuple, p2p: float,
+                     held_limit: tuple | None = None):
+    """(makespan, busy, in flight, whether a rank passed held_limit and the simulation stopped)."""
+    res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p, keep_blocks=False,
+                   held_limit=list(held_limit) if held_limit else None)
+    return res.makespan, tuple(res.busy), tuple(res.peak_in_flight), res.exceeded
 
 
 def _time_breakdown(lay: Layout, bt, head, emb, crit: int, busy: float, makespan: float) -> dict[str, float]:

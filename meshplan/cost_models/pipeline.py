@@ -47,6 +47,7 @@ class ScheduleResult:
     # Outputs kept until the step ends (see simulate's `kept`), in the same units, at the moment
     # activations plus kept outputs peak; peak_in_flight is then the activations at that moment.
     peak_kept: list[float] = field(default_factory=list)
+    exceeded: bool = False  # stopped early: a rank's load passed simulate's held_limit
 
     @property
     def bubble_time(self) -> float:
@@ -119,7 +120,8 @@ def backward_order(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> l
 
 def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: list[float],
              w: list[float] | None = None, p2p: float = 0.0, w_memory_share: float = 1.0,
-             keep_blocks: bool = True, kept: list[float] | None = None) -> ScheduleResult:
+             keep_blocks: bool = True, kept: list[float] | None = None,
+             held_limit: list[float] | None = None) -> ScheduleResult:
     """Simulate one optimizer step of the pipeline.
 
     f, b, w: per-stage durations of forward, backward-input and backward-weight (w is folded into b
@@ -129,6 +131,9 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     keep_blocks=False leaves `blocks` empty (makespan, busy and in-flight are still exact).
     kept: per stage, activation units each forward leaves held until the step ends (a schedule that
     returns every micro-batch's output); the peak is then that of activations plus these.
+    held_limit: per rank, the most units it may hold; the simulation stops at the first forward that
+    passes it, with `exceeded` set and the rest of the result partial (a plan that cannot fit needs
+    no step time).
     """
     n_stages = pp * v
     split = schedule in SPLIT_BACKWARD
@@ -270,6 +275,9 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
             n_held[r] += 1
             if kept is not None:
                 kept_by[r] += kept[s]
+            if held_limit is not None and held[r] + kept_by[r] > held_limit[r]:
+                result.exceeded = True
+                break
             if s < last_stage:
                 other = rank_of[s + 1]  # a forward readies the next stage's forward
         elif kind == "B":

@@ -41,6 +41,7 @@ from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import SAC_OPS, Plan
 
 DOMINATED = "dominated (compile / async TP off: slower at equal memory)"
+TOO_BIG = "too big"  # evaluate's answer when the simulation stopped: a rank held more than fits
 BOUNDED = "pruned: time bound >= K-th best"
 
 
@@ -87,7 +88,7 @@ class SearchResult:
     space_size: int
     rejections: dict[str, int]
     n_exact: int
-    n_simulated: int
+    n_simulated: int  # pipeline simulations, those stopped early included
     n_dominated: int
     n_bounded: int
     non_fitting: list[NonFit]
@@ -99,6 +100,7 @@ class SearchResult:
     sac_ilp_check: str = ""
     scored: list[Candidate] = field(default_factory=list)  # every exactly scored leaf (fits or not)
     profile: ClusterProfile | None = None
+    n_stopped: int = 0  # simulations stopped once a rank held more than fits (no step time, not scored)
 
     @property
     def best(self) -> Candidate | None:
@@ -110,6 +112,7 @@ class SearchResult:
     def counts(self) -> dict[str, Any]:
         rejected = sum(self.rejections.values())
         return {"space": self.space_size, "scored_exactly": self.n_exact, "simulated": self.n_simulated,
+                "simulations_stopped": self.n_stopped,
                 "dominated": self.n_dominated, "pruned_by_bound": self.n_bounded, "rejected": rejected,
                 "rejected_by_reason": {k: v for k, v in self.rejections.items() if v},
                 "accounted": self.n_exact + self.n_dominated + self.n_bounded + rejected}
@@ -146,16 +149,18 @@ class _Search:
         self.spec = space.plan.model
         self.usable = prof.device.usable_memory_gib
         self.rejections = {r: 0 for r in REASONS}
-        self.n_exact = self.n_sim = self.n_dom = self.n_bounded = self.size = 0
+        self.n_exact = self.n_sim = self.n_dom = self.n_bounded = self.size = self.n_stopped = 0
         self.top: list[tuple[float, int, Candidate]] = []  # max-heap by step via negation
         self.nonfit: list[NonFit] = []
         self.scored: list[Candidate] = []  # every exactly scored leaf, fitting or not (the candidates CSV)
         self.tie = itertools.count()
+        self.shared_kth = None  # with worker processes: the best K-th best any of them has (workers.py)
         self._sac_cache: dict = {}
         self._pareto: dict = {}
         self._sac_choice: dict = {}
         self._layer_cache: dict = {}
         self._sim_cache: dict = {}
+        self._sim_over: dict = {}
         self._split_cache: dict = {}
         self._leaf_tables: dict = {}
         self._rank_groups: dict = {}
@@ -164,15 +169,26 @@ class _Search:
     def reject(self, reason: str, n: int) -> None:
         self.rejections[reason] += n
 
-    def kth(self) -> float:
+    def own_kth(self) -> float:
         return -self.top[0][0] if len(self.top) >= self.top_k else float("inf")
+
+    def kth(self) -> float:
+        """What a bound must beat: this process's K-th best, or another worker's if that is better
+        (any worker's K-th best is at least the K-th best of all, so pruning on it stays exact)."""
+        own = self.own_kth()
+        if self.shared_kth is not None and self.shared_kth.value < own:
+            return self.shared_kth.value
+        return own
 
     def keep(self, cand: Candidate) -> None:
         item = (-cand.step_time_s, next(self.tie), cand)
         if len(self.top) < self.top_k:
             heapq.heappush(self.top, item)
-        elif cand.step_time_s < self.kth():
+        elif cand.step_time_s < self.own_kth():
             heapq.heapreplace(self.top, item)
+        if self.shared_kth is not None and self.own_kth() < self.shared_kth.value:
+            # Unlocked: a racing write can only leave another worker's genuine K-th best, still a valid bound.
+            self.shared_kth.value = self.own_kth()
 
     def note_nonfit(self, lay: Layout, order, step: float, peak: float, exact: bool) -> None:
         self.add_nonfit(NonFit(lay, order, step, peak, exact))
@@ -187,7 +203,7 @@ class _Search:
     def findings(self) -> dict[str, Any]:
         """What a worker found, for the parent to absorb."""
         return {"rejections": self.rejections, "top": [c for _, _, c in self.top], "nonfit": self.nonfit,
-                "scored": self.scored, "counts": (self.size, self.n_exact, self.n_sim, self.n_dom, self.n_bounded)}
+                "scored": self.scored, "counts": (self.size, self.n_exact, self.n_sim, self.n_dom, self.n_bounded, self.n_stopped)}
 
     def absorb(self, found: dict[str, Any]) -> None:
         for reason, n in found["rejections"].items():
@@ -197,8 +213,9 @@ class _Search:
         for nf in found["nonfit"]:
             self.add_nonfit(nf)
         self.scored += found["scored"]
-        size, n_exact, n_sim, n_dom, n_bounded = found["counts"]
+        size, n_exact, n_sim, n_dom, n_bounded, n_stopped = found["counts"]
         self.size += size
+        self.n_stopped += n_stopped
         self.n_exact += n_exact
         self.n_sim += n_sim
         self.n_dom += n_dom
@@ -544,6 +561,9 @@ class _Search:
         if got is None:
             self.reject(MICROBATCHES, 1)
             return
+        if got is TOO_BIG:
+            self.reject(NO_FIT, 1)
+            return
         lay, step, peak, _ = got
         cand = Candidate(lay, order, step, peak)
         self.scored.append(cand)
@@ -556,13 +576,16 @@ class _Search:
 
     def evaluate(self, lay: Layout, order, parts: StepParts | None = None) -> tuple | None:
         """(layout, step time, peak GiB, in flight per rank) with the schedule simulated; None if the
-        schedule cannot run."""
+        schedule cannot run, TOO_BIG if a rank's activations in flight pass what fits."""
         parts = parts or step_parts(lay, self.prof, order)
         if lay.pp > 1:
             try:
-                makespan, in_flight = self.simulate_scaled(lay, parts.durations)
+                got = self.simulate_scaled(lay, parts.durations, self.held_limits(lay))
             except RuntimeError:
                 return None
+            if got is None:
+                return TOO_BIG
+            makespan, in_flight = got
         else:
             makespan, in_flight = parts.busy[0], (1.0,)
         return lay, compose_step(lay, self.prof, parts, makespan)[0], self.peak_memory_gib(lay, in_flight), in_flight
@@ -584,20 +607,23 @@ class _Search:
         guess = at(i)
         if guess is None:
             return None
-        in_flight = guess[3]
-
-        def looks_fitting(j: int) -> bool:
-            return self.peak_memory_gib(lay.with_(sac_ops=subsets[j]), in_flight) <= self.usable
-
-        j = i
-        if guess[2] <= self.usable:
-            while j > 0 and looks_fitting(j - 1):
-                j -= 1
+        if guess is TOO_BIG:
+            j = i + 1  # no in-flight counts to price the others with: simulate on toward smaller subsets
         else:
-            j = next((k for k in range(i + 1, len(subsets)) if looks_fitting(k)), len(subsets) - 1)
+            in_flight = guess[3]
+
+            def looks_fitting(j: int) -> bool:
+                return self.peak_memory_gib(lay.with_(sac_ops=subsets[j]), in_flight) <= self.usable
+
+            j = i
+            if guess[2] <= self.usable:
+                while j > 0 and looks_fitting(j - 1):
+                    j -= 1
+            else:
+                j = next((k for k in range(i + 1, len(subsets)) if looks_fitting(k)), len(subsets) - 1)
         for k in range(j, len(subsets)):
             got = at(k)
-            if got is not None and got[2] <= self.usable:
+            if got is not None and got is not TOO_BIG and got[2] <= self.usable:
                 return got
         return guess  # nothing fits: the guess, counted as not fitting
 
@@ -619,10 +645,11 @@ class _Search:
             got = self._rank_groups[key] = list(groups.values())
         return got
 
-    def simulate_scaled(self, lay: Layout, d) -> tuple[float, tuple[float, ...]]:
+    def simulate_scaled(self, lay: Layout, d, held_limit: tuple[float, ...]) -> tuple[float, tuple[float, ...]] | None:
         """The schedule simulation on durations in units of the first stage's forward, rounded to
         1%: leaves of neighbouring classes differ mostly by a scale, so one simulation serves many.
-        The top K are re-simulated exactly (estimate_layout) before they are ranked and written."""
+        The top K are re-simulated exactly (estimate_layout) before they are ranked and written.
+        None if a rank would hold more activations than `held_limit` allows (the simulation stops there)."""
         unit = d.forward[0] or max(d.forward) or 1.0
 
         def norm(xs):
@@ -632,12 +659,44 @@ class _Search:
                round(d.p2p / unit, 2))
         got = self._sim_cache.get(key)
         if got is None:
+            over = self._sim_over.get(key)  # limits a stopped simulation of these durations passed
+            if over is not None and all(a >= b for a, b in zip(over, held_limit)):
+                return None
             f, b, w = ([x * unit for x in key[i]] for i in (4, 5, 6))
-            makespan, _, in_flight = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f), tuple(b),
-                                                      tuple(w), key[7] * unit)
-            got = self._sim_cache[key] = (makespan / unit, in_flight)
+            makespan, _, in_flight, exceeded = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f),
+                                                                tuple(b), tuple(w), key[7] * unit, held_limit)
             self.n_sim += 1
+            if exceeded:
+                self.n_stopped += 1
+                self._sim_over[key] = held_limit
+                return None
+            got = self._sim_cache[key] = (makespan / unit, in_flight)
         return got[0] * unit, got[1]
+
+    def held_limits(self, lay: Layout) -> tuple[float, ...]:
+        """Per pipeline rank, the most activation sets it can hold and still fit (inf: any number). Memory
+        grows with what a rank holds, so a bisection over whole sets finds it; -1 if even none fits."""
+        cap = lay.n_micro * lay.v  # no rank holds more than all its (stage, micro-batch) pairs
+        limits = [0.0] * lay.pp
+        for ranks in self.rank_groups(lay):
+            r = ranks[0]
+
+            def fits(h: int) -> bool:
+                return rank_memory(lay, r, float(h), self.prof.overheads).total / GIB <= self.usable
+
+            if fits(cap):
+                limit = float("inf")
+            elif not fits(0):
+                limit = -1.0
+            else:
+                lo, hi = 0, cap  # fits(lo), not fits(hi)
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+                limit = float(lo)
+            for rank in ranks:
+                limits[rank] = limit
+        return tuple(limits)
 
     # -- selective activation checkpointing: the SAC ILP ---------------------------------
     def with_sac(self, lay: Layout, order, sac: Any, optimistic: bool = False) -> Layout:
@@ -723,7 +782,7 @@ def search(plan: Plan, profile: ClusterProfile, top_k: int = 10, excludes: dict[
     nonfit = sorted(s.nonfit, key=lambda n: n.step_time_s)[:5]
     result = SearchResult(ranked, s.size, s.rejections, s.n_exact, s.n_sim, s.n_dom, s.n_bounded, nonfit,
                           s.usable, time.perf_counter() - t0, list(space.assumptions), [], space.plan,
-                          scored=s.scored, profile=profile)
+                          scored=s.scored, profile=profile, n_stopped=s.n_stopped)
     if ranked and ranked[0].layout.ac == "selective" and isinstance(ranked[0].layout.sac_ops, tuple):
         result.sac_ilp_check = _check_sac_with_pulp(s, ranked[0])
     return result

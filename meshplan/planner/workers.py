@@ -1,8 +1,9 @@
 """The search run on several processes at once, each on its own share of the meshes.
 
-Every process counts, bounds and searches its meshes best-first, pruning against its own K-th best.
-That is never better than the K-th best of all processes together, so every plan that belongs in
-the overall top K is still scored and the result is the one a single process would give. Processes
+Every process counts, bounds and searches its meshes best-first, pruning against the best K-th best
+any process has found so far (shared memory). Each is never better than the K-th best of all
+processes together, so every plan that belongs in the overall top K is still scored and the top K
+is the one a single process would give; how many leaves each prunes depends on timing. Processes
 are forked, so the space and the profile are inherited, not pickled; only what a worker found
 comes back. Where fork is not available, or there are few meshes, the search stays on one process.
 """
@@ -31,8 +32,8 @@ def search_on_workers(search: Any, meshes: list, jobs: int) -> bool:
     if jobs < 2 or len(meshes) < MIN_MESHES_PER_JOB * jobs or "fork" not in multiprocessing.get_all_start_methods():
         return False
     ctx = multiprocessing.get_context("fork")
-    # Dealt round-robin: neighbouring meshes (the same degrees but one) cost alike to search.
-    shares = [meshes[i::jobs] for i in range(jobs)]
+    search.shared_kth = ctx.RawValue("d", float("inf"))
+    shares = deal(meshes, jobs)
     workers = []
     for share in shares[1:]:
         receive, send = ctx.Pipe(duplex=False)
@@ -57,6 +58,19 @@ def search_on_workers(search: Any, meshes: list, jobs: int) -> bool:
                 proc.terminate()
                 proc.join()
     return True
+
+
+def deal(meshes: list, jobs: int) -> list[list]:
+    """Meshes that differ only in how data parallelism splits (dp_replicate x dp_shard) have the same
+    stage durations and micro-batch counts, so the same schedule simulations: they go to one worker,
+    which simulates once. The (tp, cp, pp) groups are dealt round-robin."""
+    groups: dict[tuple[int, int, int], list] = {}
+    for m in meshes:
+        groups.setdefault((m.tp, m.cp, m.pp), []).append(m)
+    shares: list[list] = [[] for _ in range(jobs)]
+    for i, group in enumerate(groups.values()):
+        shares[i % jobs].extend(group)
+    return shares
 
 
 def _work(search: Any, share: list, send) -> None:

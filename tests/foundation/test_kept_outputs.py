@@ -56,3 +56,14 @@ def test_kept_outputs_by_hand():
     assert "pp_outputs" not in without.per_rank_memory_gib[1]
     assert est.peak_memory_gib > without.peak_memory_gib
     assert est.step_time_s == without.step_time_s
+
+
+def test_simulation_stops_when_a_rank_holds_more_than_its_limit():
+    full = simulate("1F1B", 4, 1, 8, [1.0] * 4, [2.0] * 4)
+    assert full.peak_in_flight == [4.0, 3.0, 2.0, 1.0] and not full.exceeded
+    # Limits at the peaks: the run completes and is the same run.
+    same = simulate("1F1B", 4, 1, 8, [1.0] * 4, [2.0] * 4, held_limit=[4.0, 3.0, 2.0, 1.0])
+    assert not same.exceeded and same.makespan == full.makespan and same.peak_in_flight == full.peak_in_flight
+    # Rank 1 may hold only 2: its third forward stops the simulation long before the end.
+    stopped = simulate("1F1B", 4, 1, 8, [1.0] * 4, [2.0] * 4, held_limit=[9.0, 2.0, 9.0, 9.0])
+    assert stopped.exceeded and stopped.makespan < full.makespan
