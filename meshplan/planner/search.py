@@ -154,7 +154,7 @@ class _Search:
         self.nonfit: list[NonFit] = []
         self.scored: list[Candidate] = []  # every exactly scored leaf, fitting or not (the candidates CSV)
         self.tie = itertools.count()
-        self.shared_kth = None  # with worker processes: the best K-th best any of them has (workers.py)
+        self.shared_top = None  # with worker processes: the K best step times any of them has found
         self._sac_cache: dict = {}
         self._pareto: dict = {}
         self._sac_choice: dict = {}
@@ -164,6 +164,8 @@ class _Search:
         self._split_cache: dict = {}
         self._leaf_tables: dict = {}
         self._rank_groups: dict = {}
+        self._mesh_layouts: dict = {}
+        self._flat_steps: dict = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
     def reject(self, reason: str, n: int) -> None:
@@ -173,11 +175,11 @@ class _Search:
         return -self.top[0][0] if len(self.top) >= self.top_k else float("inf")
 
     def kth(self) -> float:
-        """What a bound must beat: this process's K-th best, or another worker's if that is better
-        (any worker's K-th best is at least the K-th best of all, so pruning on it stays exact)."""
+        """What a bound must beat: the K-th best step time found so far, by this process or, with
+        workers, by any of them together (see workers.SharedTopK)."""
         own = self.own_kth()
-        if self.shared_kth is not None and self.shared_kth.value < own:
-            return self.shared_kth.value
+        if self.shared_top is not None:
+            return min(own, self.shared_top.kth.value)
         return own
 
     def keep(self, cand: Candidate) -> None:
@@ -186,9 +188,8 @@ class _Search:
             heapq.heappush(self.top, item)
         elif cand.step_time_s < self.own_kth():
             heapq.heapreplace(self.top, item)
-        if self.shared_kth is not None and self.own_kth() < self.shared_kth.value:
-            # Unlocked: a racing write can only leave another worker's genuine K-th best, still a valid bound.
-            self.shared_kth.value = self.own_kth()
+        if self.shared_top is not None:
+            self.shared_top.offer(cand.step_time_s)
 
     def note_nonfit(self, lay: Layout, order, step: float, peak: float, exact: bool) -> None:
         self.add_nonfit(NonFit(lay, order, step, peak, exact))
@@ -236,14 +237,17 @@ class _Search:
 
     # -- layouts -------------------------------------------------------------------------
     def layout(self, m: Mesh, mb: int, sp: bool, ac: str, sac: Any, f8: bool, reshard: bool) -> Layout:
-        s = self.space
-        return Layout(
-            spec=self.spec, gpus=s.plan.gpus, seq_len=s.seq_len, global_batch=s.global_batch, micro_batch=mb,
-            dtype=s.dtype, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, sp=sp and m.tp > 1,
-            async_tp=max(s.async_options(m.tp)), pp=m.pp, schedule="1F1B", v=1,
-            stage_layers=even_split(self.spec.n_layers, m.pp), cp=m.cp, ac=ac,
-            sac_ops=sac if isinstance(sac, tuple) else None, float8=f8, reshard_after_forward=reshard,
-            compile=max(s.compile_options()))
+        proto = self._mesh_layouts.get(m)
+        if proto is None:
+            s = self.space
+            proto = self._mesh_layouts[m] = Layout(
+                spec=self.spec, gpus=s.plan.gpus, seq_len=s.seq_len, global_batch=s.global_batch, micro_batch=1,
+                dtype=s.dtype, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, sp=False,
+                async_tp=max(s.async_options(m.tp)), pp=m.pp, schedule="1F1B", v=1,
+                stage_layers=even_split(self.spec.n_layers, m.pp), cp=m.cp, ac="none", sac_ops=None, float8=False,
+                reshard_after_forward=True, compile=max(s.compile_options()))
+        return proto.with_(micro_batch=mb, sp=sp and m.tp > 1, ac=ac, sac_ops=sac if isinstance(sac, tuple) else None,
+                           float8=f8, reshard_after_forward=reshard)
 
     def static_memory_gib(self, m: Mesh) -> float:
         """Model states alone (fp32 params + AdamW moments) on the most loaded rank: a bound below any peak."""
@@ -388,11 +392,19 @@ class _Search:
     def class_time_bound(self, lay: Layout, order) -> float:
         """The average pipeline rank's work plus the per-step overhead: no schedule or split does better."""
         if lay.pp == 1:
-            parts = step_parts(lay, self.prof, order)
-            return compose_step(lay, self.prof, parts, parts.busy[0])[0]
+            return self.flat_step(lay, order)[1]
         per_layer, head_emb = self.per_layer_times(lay, order)
         total = lay.n_micro * (lay.spec.n_layers * per_layer + head_emb)
         return total / lay.pp + self.prof.overheads.step_overhead_s
+
+    def flat_step(self, lay: Layout, order) -> tuple[StepParts, float]:
+        """A layout without pipeline: its parts and exact step time (its class bound and its score)."""
+        key = (lay, order)
+        got = self._flat_steps.get(key)
+        if got is None:
+            parts = step_parts(lay, self.prof, order)
+            got = self._flat_steps[key] = (parts, compose_step(lay, self.prof, parts, parts.busy[0])[0])
+        return got
 
     def per_layer_times(self, lay: Layout, order) -> tuple[float, float]:
         """(one layer's F+B+W, embedding + head F+B) per micro-batch: the work any split distributes."""
@@ -577,17 +589,16 @@ class _Search:
     def evaluate(self, lay: Layout, order, parts: StepParts | None = None) -> tuple | None:
         """(layout, step time, peak GiB, in flight per rank) with the schedule simulated; None if the
         schedule cannot run, TOO_BIG if a rank's activations in flight pass what fits."""
+        if lay.pp == 1:
+            return lay, self.flat_step(lay, order)[1], self.peak_memory_gib(lay, (1.0,)), (1.0,)
         parts = parts or step_parts(lay, self.prof, order)
-        if lay.pp > 1:
-            try:
-                got = self.simulate_scaled(lay, parts.durations, self.held_limits(lay))
-            except RuntimeError:
-                return None
-            if got is None:
-                return TOO_BIG
-            makespan, in_flight = got
-        else:
-            makespan, in_flight = parts.busy[0], (1.0,)
+        try:
+            got = self.simulate_scaled(lay, parts.durations, self.held_limits(lay))
+        except RuntimeError:
+            return None
+        if got is None:
+            return TOO_BIG
+        makespan, in_flight = got
         return lay, compose_step(lay, self.prof, parts, makespan)[0], self.peak_memory_gib(lay, in_flight), in_flight
 
     def fitting_sac(self, lay: Layout, order) -> tuple | None:

@@ -1,15 +1,15 @@
 """The search run on several processes at once, each on its own share of the meshes.
 
-Every process counts, bounds and searches its meshes best-first, pruning against the best K-th best
-any process has found so far (shared memory). Each is never better than the K-th best of all
-processes together, so every plan that belongs in the overall top K is still scored and the top K
-is the one a single process would give; how many leaves each prunes depends on timing. Processes
-are forked, so the space and the profile are inherited, not pickled; only what a worker found
-comes back. Where fork is not available, or there are few meshes, the search stays on one process.
+Every process counts, bounds and searches its meshes best-first, pruning against the K-th best step
+time all of them have found so far together (shared memory). That is never better than the final
+K-th best, so every plan that belongs in the overall top K is still scored and the top K is the one
+a single process would give; how many leaves each prunes depends on timing. Processes are forked,
+so the space and the profile are inherited, not pickled; only what a worker found comes back. Where fork is not available, or there are few meshes, the search stays on one process.
 """
 
 from __future__ import annotations
 
+import bisect
 import multiprocessing
 import os
 import traceback
@@ -17,6 +17,28 @@ from typing import Any
 
 DEFAULT_MAX_JOBS = 4
 MIN_MESHES_PER_JOB = 64  # below this a fork costs more than it saves
+
+
+class SharedTopK:
+    """The K best step times any worker has scored, in shared memory. Their K-th is a bound every
+    worker prunes against: each is a distinct plan that fits, so the overall K-th best is no worse.
+    Readers take `kth` without the lock (a double written whole); offers that improve it lock."""
+
+    def __init__(self, ctx: Any, k: int):
+        self.steps = ctx.RawArray("d", [float("inf")] * k)
+        self.kth = ctx.RawValue("d", float("inf"))
+        self.lock = ctx.Lock()
+
+    def offer(self, step: float) -> None:
+        if step >= self.kth.value:
+            return
+        with self.lock:
+            steps = list(self.steps)
+            if step < steps[-1]:
+                bisect.insort(steps, step)
+                steps.pop()
+                self.steps[:] = steps
+                self.kth.value = steps[-1]
 
 
 def default_jobs() -> int:
@@ -32,7 +54,7 @@ def search_on_workers(search: Any, meshes: list, jobs: int) -> bool:
     if jobs < 2 or len(meshes) < MIN_MESHES_PER_JOB * jobs or "fork" not in multiprocessing.get_all_start_methods():
         return False
     ctx = multiprocessing.get_context("fork")
-    search.shared_kth = ctx.RawValue("d", float("inf"))
+    search.shared_top = SharedTopK(ctx, search.top_k)
     shares = deal(meshes, jobs)
     workers = []
     for share in shares[1:]:

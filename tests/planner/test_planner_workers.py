@@ -95,3 +95,16 @@ def test_a_failure_here_stops_the_workers(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         search(plan, PROFILE, top_k=3, jobs=2)
     assert multiprocessing.active_children() == []
+
+
+def test_shared_top_k_keeps_the_k_best_step_times():
+    import multiprocessing
+
+    from meshplan.planner.workers import SharedTopK
+
+    top = SharedTopK(multiprocessing.get_context("fork"), 3)
+    assert top.kth.value == float("inf")
+    for step in (5.0, 3.0, 9.0, 1.0, 4.0, 7.0):
+        top.offer(step)
+    assert list(top.steps) == [1.0, 3.0, 4.0]
+    assert top.kth.value == 4.0
