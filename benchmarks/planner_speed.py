@@ -66,8 +66,8 @@ def main() -> None:
             continue
         print(f"  exit {r['rc']}   wall {r['wall_s']:.2f} s   user {r['user_s']:.2f} s   sys {r['sys_s']:.2f} s")
         print(f"  space {r['space']:,} plans; search {r['search_s']:.2f} s -> {r['candidates_per_s']:,.0f} candidates/s")
-        print(f"  scored exactly {r['scored']:,} ({r['simulated']:,} simulated, {r['stopped']:,} of them stopped "
-              f"early: no fit), dominated {r['dominated']:,}, "
+        print(f"  scored exactly {r['scored']:,} ({r['simulated']:,} simulated, {r['stopped']:,} of them "
+              f"stopped early: no fit), dominated {r['dominated']:,}, "
               f"pruned {r['pruned']:,}, rejected {r['rejected']:,}; every leaf accounted: {r['accounted_ok']}")
         if r.get("best"):
             print(f"  best: {r['best']}")

@@ -84,7 +84,8 @@ def parser() -> ArgumentParser:
     ap.add_argument("--out", default="best.yaml", help="where to write the best plan (default best.yaml)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     ap.add_argument("--jobs", type=int, default=None,
-                    help=f"processes to search on (default: the CPUs available, at most {DEFAULT_MAX_JOBS}; 1: no workers)")
+                    help=f"processes to search on (default: the CPUs available, at most {DEFAULT_MAX_JOBS}; "
+                         "1: no workers)")
     ap.add_argument("--report", default=None, help="also write a report of the search (.html, .md or .csv)")
     return ap
 

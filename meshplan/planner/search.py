@@ -203,8 +203,9 @@ class _Search:
     # -- searching on worker processes (workers.py) ------------------------------------
     def findings(self) -> dict[str, Any]:
         """What a worker found, for the parent to absorb."""
+        counts = (self.size, self.n_exact, self.n_sim, self.n_dom, self.n_bounded, self.n_stopped)
         return {"rejections": self.rejections, "top": [c for _, _, c in self.top], "nonfit": self.nonfit,
-                "scored": self.scored, "counts": (self.size, self.n_exact, self.n_sim, self.n_dom, self.n_bounded, self.n_stopped)}
+                "scored": self.scored, "counts": counts}
 
     def absorb(self, found: dict[str, Any]) -> None:
         for reason, n in found["rejections"].items():

@@ -4,7 +4,8 @@ Every process counts, bounds and searches its meshes best-first, pruning against
 time all of them have found so far together (shared memory). That is never better than the final
 K-th best, so every plan that belongs in the overall top K is still scored and the top K is the one
 a single process would give; how many leaves each prunes depends on timing. Processes are forked,
-so the space and the profile are inherited, not pickled; only what a worker found comes back. Where fork is not available, or there are few meshes, the search stays on one process.
+so the space and the profile are inherited, not pickled; only what a worker found comes back.
+Where fork is not available, or there are few meshes, the search stays on one process.
 """
 
 from __future__ import annotations
