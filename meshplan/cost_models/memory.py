@@ -52,7 +52,6 @@ def stage_params(lay: Layout, rank: int) -> StageParams:
 
 @lru_cache(maxsize=65536)
 def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], tp: int, rank: int) -> StageParams:
-
     n_stages = len(stage_layers)
     stages = [s for s in range(n_stages) if stage_rank(s, pp, schedule) == rank]
     layers = sum(stage_layers[s] for s in stages)
