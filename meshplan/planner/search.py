@@ -42,6 +42,7 @@ from meshplan.specs.plan import SAC_OPS, Plan
 
 DOMINATED = "dominated (compile / async TP off: slower at equal memory)"
 TOO_BIG = "too big"  # evaluate's answer when the simulation stopped: a rank held more than fits
+BOUNDED_LEAF = "bounded"  # fitting_sac's answer when every subset still in question is bounded out
 BOUNDED = "pruned: time bound >= K-th best"
 
 
@@ -577,6 +578,9 @@ class _Search:
         if got is TOO_BIG:
             self.reject(NO_FIT, 1)
             return
+        if got is BOUNDED_LEAF:
+            self.n_bounded += 1
+            return
         lay, step, peak, _ = got
         cand = Candidate(lay, order, step, peak)
         self.scored.append(cand)
@@ -634,10 +638,21 @@ class _Search:
             else:
                 j = next((k for k in range(i + 1, len(subsets)) if looks_fitting(k)), len(subsets) - 1)
         for k in range(j, len(subsets)):
+            if k not in tried and self.leaf_bound(lay.with_(sac_ops=subsets[k]), order) >= self.kth():
+                # Later subsets recompute more, so they are no faster: whichever fits cannot enter the top K.
+                return BOUNDED_LEAF
             got = at(k)
             if got is not None and got is not TOO_BIG and got[2] <= self.usable:
                 return got
         return guess  # nothing fits: the guess, counted as not fitting
+
+    def leaf_bound(self, lay: Layout, order) -> float:
+        """The leaf's step with its schedule's makespan lower bound: no simulation of it does better."""
+        parts = step_parts(lay, self.prof, order)
+        d = parts.durations
+        makespan = makespan_lower_bound(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight,
+                                        d.p2p)
+        return compose_step(lay, self.prof, parts, makespan)[0]
 
     def peak_memory_gib(self, lay: Layout, in_flight: tuple[float, ...]) -> float:
         """The highest rank peak. Ranks holding the same layers and ends differ only in activations in
