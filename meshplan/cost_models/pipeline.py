@@ -249,18 +249,17 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
 
     # A rank's next choice changes only when it or a neighbouring stage's rank acts: cache the rest.
     picks: list = [pick(r) for r in range(pp)]
+    inf = float("inf")
+    times = [got[0] if got is not None else inf for got in picks]  # when each rank's pick can start
     busy, peak, peak_kept, blocks = result.busy, result.peak_in_flight, result.peak_kept, result.blocks
     makespan = 0.0
     while remaining:
-        choice = None
-        for r in range(pp):
-            got = picks[r]
-            if got is not None and (choice is None or got[0] < choice[0] - 1e-15):
-                choice, chosen = got, r
-        if choice is None:
+        # The earliest pick, the lowest rank on a tie (min and index run in C: this loop is the hot path).
+        first = min(times)
+        if first == inf:
             raise RuntimeError(f"{schedule}: deadlock with pp={pp} v={v} m={n_micro}")
-        r = chosen
-        start, cand = choice
+        r = times.index(first)
+        start, cand = picks[r]
         kind = cand[4]
         other = -1  # the rank whose options this event changes besides r's own
         if kind == "F":
@@ -311,9 +310,11 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
         if kind != "W":
             last_kind[r] = kind
         remaining -= 1
-        picks[r] = pick(r)
+        got = picks[r] = pick(r)
+        times[r] = got[0] if got is not None else inf
         if other >= 0 and other != r:
-            picks[other] = pick(other)
+            got = picks[other] = pick(other)
+            times[other] = got[0] if got is not None else inf
     result.makespan = makespan
     return result
 
