@@ -183,13 +183,14 @@ class _Search:
             return min(own, self.shared_top.kth.value)
         return own
 
-    def keep(self, cand: Candidate) -> None:
+    def keep(self, cand: Candidate, share: bool = True) -> None:
+        """Into this process's top K; `share`: also offer its step time to the other workers (once per plan)."""
         item = (-cand.step_time_s, next(self.tie), cand)
         if len(self.top) < self.top_k:
             heapq.heappush(self.top, item)
         elif cand.step_time_s < self.own_kth():
             heapq.heapreplace(self.top, item)
-        if self.shared_top is not None:
+        if share and self.shared_top is not None:
             self.shared_top.offer(cand.step_time_s)
 
     def note_nonfit(self, lay: Layout, order, step: float, peak: float, exact: bool) -> None:
@@ -212,7 +213,7 @@ class _Search:
         for reason, n in found["rejections"].items():
             self.reject(reason, n)
         for cand in found["top"]:
-            self.keep(cand)
+            self.keep(cand, share=False)  # the worker offered it already: twice would count it twice
         for nf in found["nonfit"]:
             self.add_nonfit(nf)
         self.scored += found["scored"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import multiprocessing
 import os
+import signal
 import traceback
 from typing import Any
 
@@ -31,15 +32,19 @@ class SharedTopK:
         self.lock = ctx.Lock()
 
     def offer(self, step: float) -> None:
-        if step >= self.kth.value:
+        """Each plan's step once. Skipping an offer only prunes less, so a lock that a killed worker
+        left held costs pruning, not a hang."""
+        if step >= self.kth.value or not self.lock.acquire(timeout=1.0):
             return
-        with self.lock:
+        try:
             steps = list(self.steps)
             if step < steps[-1]:
                 bisect.insort(steps, step)
                 steps.pop()
                 self.steps[:] = steps
                 self.kth.value = steps[-1]
+        finally:
+            self.lock.release()
 
 
 def default_jobs() -> int:
@@ -96,7 +101,18 @@ def deal(meshes: list, jobs: int) -> list[list]:
     return shares
 
 
+def _die_with_parent() -> None:
+    """On Linux, have the kernel end this worker if the parent dies (SIGKILL, SIGTERM) before it reports."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _work(search: Any, share: list, send) -> None:
+    _die_with_parent()
     try:
         search.search_meshes(share)
         send.send(("ok", search.findings()))

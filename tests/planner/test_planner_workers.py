@@ -108,3 +108,37 @@ def test_shared_top_k_keeps_the_k_best_step_times():
         top.offer(step)
     assert list(top.steps) == [1.0, 3.0, 4.0]
     assert top.kth.value == 4.0
+
+
+def test_absorbing_a_worker_does_not_offer_its_plans_twice():
+    """A worker offers each plan's step as it keeps it; the parent's absorb must not offer it again,
+    or the shared K-th best would count one plan twice and prune plans of the true top K."""
+    import multiprocessing
+
+    from meshplan.planner.workers import SharedTopK
+
+    plan = make_plan("tiny", 8, 256, 16, "h100-80g-dgx", ())
+    space = search_module.Space.from_plan(plan, PROFILE, None)
+    shared = SharedTopK(multiprocessing.get_context("fork"), 2)
+    worker, parent = search_module._Search(space, PROFILE, 2), search_module._Search(space, PROFILE, 2)
+    worker.shared_top = parent.shared_top = shared
+    lay = parent.layout(space.meshes()[0], 1, False, "full", None, False, True)
+    for step in (1.0, 2.0):
+        worker.keep(search_module.Candidate(lay, ("tp",), step, 1.0))
+    assert list(shared.steps) == [1.0, 2.0]
+    parent.absorb(worker.findings())
+    assert list(shared.steps) == [1.0, 2.0] and shared.kth.value == 2.0
+    assert parent.own_kth() == 2.0
+
+
+@pytest.mark.timeout(300)
+def test_three_processes_find_the_top_400_one_finds(worker_use):
+    # With three, the parent absorbs one worker while another still searches (two cannot show it).
+    plan = make_plan("small", 512, 1024, None, "h100-80g-dgx", ())
+    excludes = {"parallel.tp": [1]}
+    one = search(plan, PROFILE, top_k=400, excludes=excludes, jobs=1)
+    three = search(plan, PROFILE, top_k=400, excludes=excludes, jobs=3)
+    assert worker_use == [False, True]
+    assert len(one.ranked) == 400
+    assert [(c.layout, c.order, c.step_time_s) for c in three.ranked] == \
+        [(c.layout, c.order, c.step_time_s) for c in one.ranked]
