@@ -147,7 +147,7 @@ def _version_warnings(profile) -> list[str]:
 
 
 def _nothing_fits(result: SearchResult, plan, profile, args) -> int:
-    lines = what_would_fit(result, plan, profile)
+    lines = what_would_fit(result, plan, profile, args.jobs)
     if args.json:
         json.dump({"best": None, "search": _search_json(result), "what_would_fit": lines}, sys.stdout, indent=2)
         print()

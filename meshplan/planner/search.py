@@ -153,7 +153,9 @@ class _Search:
         self.n_exact = self.n_sim = self.n_dom = self.n_bounded = self.size = self.n_stopped = 0
         self.top: list[tuple[float, int, Candidate]] = []  # max-heap by step via negation
         self.nonfit: list[NonFit] = []
-        self.scored: list[Candidate] = []  # every exactly scored leaf, fitting or not (the candidates CSV)
+        # Every exactly scored leaf, fitting or not (the candidates CSV); a leaf whose simulation stopped
+        # at the memory limit has no step time and is only counted, as a no-fit rejection.
+        self.scored: list[Candidate] = []
         self.tie = itertools.count()
         self.shared_top = None  # with worker processes: the K best step times any of them has found
         self._sac_cache: dict = {}
@@ -624,8 +626,10 @@ class _Search:
         guess = at(i)
         if guess is None:
             return None
-        if guess is TOO_BIG:
-            j = i + 1  # no in-flight counts to price the others with: simulate on toward smaller subsets
+        if guess is TOO_BIG or guess[2] > self.usable:
+            # Walk on toward smaller subsets one simulation at a time. (Whether the guess's simulation ran
+            # to the end or stopped at the memory limit depends on what was cached before; the walk must not.)
+            j = i + 1
         else:
             in_flight = guess[3]
 
@@ -633,11 +637,8 @@ class _Search:
                 return self.peak_memory_gib(lay.with_(sac_ops=subsets[j]), in_flight) <= self.usable
 
             j = i
-            if guess[2] <= self.usable:
-                while j > 0 and looks_fitting(j - 1):
-                    j -= 1
-            else:
-                j = next((k for k in range(i + 1, len(subsets)) if looks_fitting(k)), len(subsets) - 1)
+            while j > 0 and looks_fitting(j - 1):
+                j -= 1
         for k in range(j, len(subsets)):
             if k not in tried and self.leaf_bound(lay.with_(sac_ops=subsets[k]), order) >= self.kth():
                 # Later subsets recompute more, so they are no faster: whichever fits cannot enter the top K.

@@ -109,8 +109,8 @@ def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, cand
     console.print(f"wrote {out} and {candidates}" + (f" and {report}" if report else ""))
 
 
-def what_would_fit(result: SearchResult, plan: Plan, profile: ClusterProfile) -> list[str]:
-    """Why nothing fit, and the nearest changes that would (checked with the same search)."""
+def what_would_fit(result: SearchResult, plan: Plan, profile: ClusterProfile, jobs: int | None = None) -> list[str]:
+    """Why nothing fit, and the nearest changes that would (checked with the same search, on `jobs`)."""
     from meshplan.planner.search import search
 
     from meshplan.planner.constraints import NO_FIT
@@ -130,7 +130,7 @@ def what_would_fit(result: SearchResult, plan: Plan, profile: ClusterProfile) ->
     # More GPUs: the first power of two from the lower bound that really fits (a few doublings at most).
     gpus = max(plan.gpus * 2, 1 << max(0, (need - 1).bit_length()))
     for _ in range(4):
-        got = _trial(search, plan, profile, gpus=gpus)
+        got = _trial(search, plan, profile, jobs, gpus=gpus)
         if got is not None:
             lines.append(f"with gpus = {gpus:,}: fits at {got.peak_memory_gib:.1f} GiB, {got.tokens_per_s_per_gpu:,.0f} tokens/s/GPU")
             break
@@ -139,7 +139,7 @@ def what_would_fit(result: SearchResult, plan: Plan, profile: ClusterProfile) ->
         lines.append(f"with up to {gpus // 2:,} GPUs: still does not fit")
     for what, value in (("seq_len", plan.training.seq_len // 2), ("global_batch", _half_batch(plan))):
         if value and value >= 1:
-            got = _trial(search, plan, profile, **{what: value})
+            got = _trial(search, plan, profile, jobs, **{what: value})
             verdict = (f"fits at {got.peak_memory_gib:.1f} GiB, {got.tokens_per_s_per_gpu:,.0f} tokens/s/GPU"
                        if got is not None else "still does not fit")
             lines.append(f"with {what} = {value:,}: {verdict}")
@@ -151,8 +151,8 @@ def _half_batch(plan: Plan) -> int | None:
     return gb // 2 if isinstance(gb, int) and gb > 1 else None
 
 
-def _trial(search, plan: Plan, profile: ClusterProfile, gpus: int | None = None, seq_len: int | None = None,
-           global_batch: int | None = None):
+def _trial(search, plan: Plan, profile: ClusterProfile, jobs: int | None, gpus: int | None = None,
+           seq_len: int | None = None, global_batch: int | None = None):
     trial = plan.copy()
     if gpus:
         trial.gpus = gpus
@@ -160,5 +160,5 @@ def _trial(search, plan: Plan, profile: ClusterProfile, gpus: int | None = None,
         trial.training.seq_len = seq_len
     if global_batch:
         trial.training.global_batch = global_batch
-    got = search(trial, profile, top_k=1)
+    got = search(trial, profile, top_k=1, jobs=jobs)
     return got.best.estimate if got.best is not None else None
