@@ -118,7 +118,7 @@ def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
         w.append(layers * bt.backward_weight)
     p2p = 0.0
     if lay.pp > 1:
-        payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1)
+        payload = lay.tokens_per_micro * lay.hidden_bytes_per_token
         p2p = p2p_time(prof, payload, crosses_node=spans["pp"].nodes > 1)
     return StageDurations(f, b, w, p2p)
 

@@ -82,6 +82,11 @@ class Layout:
         return DTYPE_BYTES[self.dtype]
 
     @property
+    def hidden_bytes_per_token(self) -> float:
+        """The hidden state one token carries between blocks and stages (sequence-sharded under SP)."""
+        return self.spec.dim * self.act_bytes / (self.tp if self.sp else 1)
+
+    @property
     def n_stages(self) -> int:
         return self.pp * self.v
 

@@ -88,7 +88,7 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     if lay.pp > 1:
         # torch.distributed.pipelining allocates receive buffers for every micro-batch up front:
         # the stage input in forward and its gradient in backward, for each stage on this rank.
-        hidden = tokens * _hidden_bytes_per_token(lay)
+        hidden = tokens * lay.hidden_bytes_per_token
         mem.parts["pp_buffers"] = 2 * lay.n_micro * hidden * lay.v
         if kept:
             # The micro-batch whose loss is being computed has its logits in the transient already.
@@ -110,11 +110,7 @@ def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
     """One in-flight unit: one stage's layers for one micro-batch, plus the hidden state handed on."""
     per_layer = activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
                                            lay.sac_ops, lay.act_bytes)
-    return lay.tokens_per_micro * (per_layer * sp.layers / lay.v + _hidden_bytes_per_token(lay))
-
-
-def _hidden_bytes_per_token(lay: Layout) -> float:
-    return lay.spec.dim * lay.act_bytes / (lay.tp if lay.sp else 1)
+    return lay.tokens_per_micro * (per_layer * sp.layers / lay.v + lay.hidden_bytes_per_token)
 
 
 def logits_fp32_bytes(lay: Layout) -> float:
@@ -129,7 +125,7 @@ def kept_output_units(lay: Layout) -> list[float]:
     out = []
     for s in range(lay.n_stages):
         sp = stage_params(lay, stage_rank(s, lay.pp, lay.schedule))
-        kept = logits_fp32_bytes(lay) if s == lay.n_stages - 1 else lay.tokens_per_micro * _hidden_bytes_per_token(lay)
+        kept = logits_fp32_bytes(lay) if s == lay.n_stages - 1 else lay.tokens_per_micro * lay.hidden_bytes_per_token
         out.append(kept / activation_unit_bytes(lay, sp))
     return out
 
