@@ -640,17 +640,20 @@ class _Search:
             while j > 0 and looks_fitting(j - 1):
                 j -= 1
         for k in range(j, len(subsets)):
-            if k not in tried and self.leaf_bound(lay.with_(sac_ops=subsets[k]), order) >= self.kth():
-                # Later subsets recompute more, so they are no faster: whichever fits cannot enter the top K.
-                return BOUNDED_LEAF
-            got = at(k)
+            if k not in tried:
+                sub = lay.with_(sac_ops=subsets[k])
+                parts = self.flat_step(sub, order)[0] if sub.pp == 1 else step_parts(sub, self.prof, order)
+                if self.leaf_bound(sub, parts) >= self.kth():
+                    # Later subsets recompute more, so they are no faster: whichever fits cannot enter the top K.
+                    return BOUNDED_LEAF
+                tried[k] = self.evaluate(sub, order, parts)
+            got = tried[k]
             if got is not None and got is not TOO_BIG and got[2] <= self.usable:
                 return got
         return guess  # nothing fits: the guess, counted as not fitting
 
-    def leaf_bound(self, lay: Layout, order) -> float:
+    def leaf_bound(self, lay: Layout, parts: StepParts) -> float:
         """The leaf's step with its schedule's makespan lower bound: no simulation of it does better."""
-        parts = step_parts(lay, self.prof, order)
         d = parts.durations
         makespan = makespan_lower_bound(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight,
                                         d.p2p)
