@@ -156,12 +156,14 @@ def recompute_peak_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: b
     return activation_bytes_per_token(spec, seq_len, tp, sp, "none", None, act_bytes, conv)
 
 
-def recomputed_kinds(ac: str, sac_ops, arch: str) -> set[str]:
+def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash") -> set[str]:
     """Op kinds whose forward runs again in backward (matmul kinds and the attention core)."""
     if ac == "none":
         return set()
     if ac == "full":
         return {"qkv", "attention", "attn_out", "ffn_in", "ffn_out"}
+    if attention_kernel == "eager" and sac_ops is None:
+        return {"attention"}  # Korthikanti's selective recompute: the attention core alone
     if sac_ops == TORCHTITAN_OP_POLICY:
         # TorchTitan's op policy saves every other matmul; recomputes wk, wo and w3 (GPT: wk, wv, wo).
         return {"qkv_partial", "attn_out", "ffn_in_partial"} if arch == "llama" else {"qkv_partial", "attn_out"}

@@ -104,17 +104,13 @@ def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
     bt = bt if bt is not None else block_time(lay, prof, spans)
     head = head if head is not None else head_time(lay, prof)
     emb = emb if emb is not None else embedding_time(lay, prof)
-    passes = 2 if lay.ac == "full" else 1  # forward passes whose TP/CP comm repeats
-    tp_pass = bt.tp_comm / (passes + 1)
-    cp_pass = bt.cp_comm / (passes + 1)
     n_stages = lay.n_stages
     f, b, w = [], [], []
     for s in range(n_stages):
         layers = lay.stage_layers[s]
-        f.append(layers * (bt.forward + tp_pass + cp_pass) + (emb if s == 0 else 0.0)
+        f.append(layers * bt.forward_with_comm + (emb if s == 0 else 0.0)
                  + (head.forward if s == n_stages - 1 else 0.0))
-        b.append(layers * (bt.backward_input + bt.recompute + passes * (tp_pass + cp_pass))
-                 + (head.backward if s == n_stages - 1 else 0.0))
+        b.append(layers * bt.backward_input_with_comm + (head.backward if s == n_stages - 1 else 0.0))
         w.append(layers * bt.backward_weight)
     p2p = 0.0
     if lay.pp > 1:
@@ -157,7 +153,8 @@ def profile_cache(prof: ClusterProfile) -> dict:
 
 def _block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     return ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
-            lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, spans["tp"], spans["cp"])
+            lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.elementwise_kernels,
+            spans["tp"], spans["cp"])
 
 
 @dataclass
@@ -327,7 +324,7 @@ def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
 
 
 def _recompute_flops_per_token(lay: Layout) -> float:
-    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch)
+    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel)
     spec = lay.spec
     flops = 0.0
     for mm in layer_matmuls(spec):

@@ -103,7 +103,7 @@ def block_host(lay: Layout) -> tuple[HostOps, HostOps, HostOps]:
     """(forward, backward, recompute) host work of one block for one micro-batch."""
     arch = lay.spec.arch
     ops = BLOCK_OPS[arch]
-    replay = 1.0 if recomputed_kinds(lay.ac, lay.sac_ops, arch) else 0.0
+    replay = 1.0 if recomputed_kinds(lay.ac, lay.sac_ops, arch, lay.attention_kernel) else 0.0
     f, b, r = HostOps(ops.forward), HostOps(ops.backward), HostOps(ops.recompute * replay)
     if lay.tp > 1:
         dt, calls = TP_DTENSOR_OPS[(arch, lay.sp)], TP_CALLS[lay.sp]

@@ -37,6 +37,9 @@ class Layout:
     reshard_after_forward: bool
     compile: bool
     attention_kernel: str = "flash"  # flash (fused, default everywhere) | eager (materialised scores, Megatron 2021)
+    # pytorch (eager ops, fused by torch.compile when `compile`) | megatron (Megatron-LM's fused LayerNorm,
+    # bias-GeLU and bias-dropout-add kernels)
+    elementwise_kernels: str = "pytorch"
     # When data-parallel gradients are reduced while micro-batches accumulate: every_microbatch (FSDP2,
     # HSDP and composable DDP as the runtime and TorchTitan run them) | last_microbatch (Megatron's DDP).
     grad_sync: str = "every_microbatch"

@@ -4,8 +4,12 @@ Each row becomes a complete Plan plus the figure it must reproduce. What a sourc
 is assumed once here, and printed by `meshplan validate`:
 - Megatron-LM SC'21 (Narayanan et al. 2021, Table 1): GPT with 4h MLP, vocab 51200, seq 2048,
   fp16 (as bf16), full activation recompute, DDP across data-parallel replicas, no sequence
-  parallelism, 1F1B, micro-batch 1 when pipelined (else the estimate's best micro-batch). Megatron's
-  fused kernels (bias-GeLU, bias-dropout-add, fused softmax/layernorm) are modelled as compile.
+  parallelism, 1F1B, micro-batch 1 when pipelined (else the estimate's best micro-batch), eager
+  attention (scale-mask-softmax and dropout over the scores) and Megatron's own fused LayerNorm,
+  bias-GeLU and bias-dropout-add kernels (elementwise_kernels="megatron"), no torch.compile.
+- Korthikanti et al. 2022 Table 4 (one layer of the 22B GPT of their Table 3: TP 8, micro-batch 4,
+  seq 2048, A100): the Megatron conventions above; "selective recompute" is theirs (the attention
+  core alone), sequence parallelism re-gathers its inputs in backward.
 - TorchTitan (Llama 3.1 on H100 96GB at 500 W): selective AC is TorchTitan's op policy (every
   other matmul and SDPA saved), FSDP2 with reshard after forward (not with PP),
   pipeline micro-batches = PP degree (the Interleaved 1F1B row's published speed-up over 1F1B
@@ -33,7 +37,7 @@ class PublishedRow:
     table: str
     label: str
     plan: Plan | None
-    metric: str  # "tflops_per_gpu" | "tokens_per_s_per_gpu"
+    metric: str  # "tflops_per_gpu" | "tokens_per_s_per_gpu" | "layer_forward_ms" | "layer_backward_ms"
     published: float
     published_memory_gib: float | None = None
     skipped: str | None = None
@@ -61,11 +65,44 @@ def megatron_rows() -> list[PublishedRow]:
             parallel=ParallelSpec(dp_replicate=dp, dp_shard=1, tp=tp, sequence_parallel=False, async_tp=False,
                                   pp=pp, pp_schedule="1F1B", pp_virtual_stages=1, pp_layers=None, cp=1),
             memory=MemorySpec(activation_checkpointing="full", sac_ops=None, float8=False, reshard_after_forward=True),
-            compile=True,
+            compile=False,
         )
         rows.append(PublishedRow("Megatron-LM SC'21 Table 1", f"{name} TP{tp} PP{pp} {gpus} GPUs batch {batch}",
                                  plan, "tflops_per_gpu", float(r["Achieved teraFLOP/s per GPU"]),
-                                 layout_overrides={"attention_kernel": "eager", "grad_sync": "last_microbatch"}))
+                                 layout_overrides=dict(MEGATRON_OVERRIDES)))
+    return rows
+
+
+MEGATRON_OVERRIDES = {"attention_kernel": "eager", "elementwise_kernels": "megatron", "grad_sync": "last_microbatch"}
+KORTHIKANTI_EXPERIMENTS = {  # Table 4's rows: (sequence parallel, activation checkpointing)
+    "Baseline no recompute": (False, "none"), "Sequence parallelism": (True, "none"),
+    "Baseline with recompute (full)": (False, "full"), "Selective recompute": (False, "selective"),
+    "Selective + sequence": (True, "selective"),
+}
+
+
+def korthikanti_layer_rows() -> list[PublishedRow]:
+    """Table 4: forward and backward milliseconds of one 22B layer, per recompute / SP experiment."""
+    cfg = next(r for r in _read_csv("korthikanti2022_table3_model_configs.csv") if r["Model"] == "22B")
+    h, heads, tp = int(cfg["Hidden size"]), int(cfg["Attention heads"]), int(cfg["Tensor parallel size"])
+    mb = int(cfg["Micro-batch size"])
+    spec = ModelSpec(name="gpt-22b", arch="gpt", dim=h, n_layers=int(cfg["Number of layers"]), n_heads=heads,
+                     n_kv_heads=heads, ffn_dim=4 * h, vocab_size=51200, max_seq_len=2048)
+    rows = []
+    for r in _read_csv("korthikanti2022_table4_per_layer_time_22B.csv"):
+        sp, ac = KORTHIKANTI_EXPERIMENTS[r["Experiment"]]
+        plan = Plan(
+            model=spec, cluster="a100-80g-dgx", gpus=tp,
+            training=TrainingSpec(seq_len=2048, global_batch=mb, micro_batch=mb, dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=1, dp_shard=1, tp=tp, sequence_parallel=sp, async_tp=False,
+                                  pp=1, pp_schedule="1F1B", pp_virtual_stages=1, pp_layers=None, cp=1),
+            memory=MemorySpec(activation_checkpointing=ac, sac_ops=None, float8=False, reshard_after_forward=True),
+            compile=False,
+        )
+        for metric, column in (("layer_forward_ms", "Forward (ms)"), ("layer_backward_ms", "Backward (ms)")):
+            label = f"{r['Experiment']}: {column.split()[0].lower()}"
+            rows.append(PublishedRow("Korthikanti 2022 Table 4 (22B layer)", label, plan, metric, float(r[column]),
+                                     layout_overrides=dict(MEGATRON_OVERRIDES)))
     return rows
 
 

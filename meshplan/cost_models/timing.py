@@ -28,10 +28,25 @@ class BlockTime:
     recompute: float = 0.0
     tp_comm: float = 0.0  # exposed
     cp_comm: float = 0.0  # exposed
+    forward_passes: int = 1  # forward passes whose TP/CP comm is paid: 2 under full AC (recompute)
 
     @property
     def total(self) -> float:
         return self.forward + self.backward_input + self.backward_weight + self.recompute + self.tp_comm + self.cp_comm
+
+    @property
+    def comm_per_pass(self) -> float:
+        """Exposed TP + CP comm of one pass (a forward, the recompute or the backward)."""
+        return (self.tp_comm + self.cp_comm) / (self.forward_passes + 1)
+
+    @property
+    def forward_with_comm(self) -> float:
+        return self.forward + self.comm_per_pass
+
+    @property
+    def backward_input_with_comm(self) -> float:
+        """Input-gradient pass, with the recompute that precedes it and both passes' comm."""
+        return self.backward_input + self.recompute + self.forward_passes * self.comm_per_pass
 
 
 def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> BlockTime:
@@ -46,13 +61,12 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
         fwd_by_kind[mm.kind] = fwd_by_kind.get(mm.kind, 0.0) + t
     mm_fwd = sum(fwd_by_kind.values())
     if lay.attention_kernel == "eager":
-        att_fwd = _eager_attention_forward(lay, prof)
+        att_fwd, att_bwd = _eager_attention(lay, prof)
     else:
         att_flops = attention_flops_per_token(spec, lay.seq_len, causal=True) * T / lay.tp
         att_fwd = att_flops / (attention_tflops(dev, lay.seq_len, lay.dtype) * 1e12) / eff
-    elem_fwd = memory_bound_time(dev, _elementwise_bytes(lay))
-    if lay.compile:
-        elem_fwd /= prof.overheads.compile_speedup
+        att_bwd = ATTENTION_BWD_FACTOR * att_fwd / dev.attention.backward_ratio
+    elem_fwd, elem_bwd = elementwise_times(lay, prof)
     cast = 0.0
     if lay.float8:
         cast_elems = sum(T * (mm.k + mm.n) + mm.k * mm.n for mm in layer_matmuls(spec, lay.tp))
@@ -61,15 +75,14 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
             cast /= prof.overheads.compile_speedup
     bt = BlockTime()
     bt.forward = mm_fwd + att_fwd + elem_fwd + cast / 3
-    att_bwd = ATTENTION_BWD_FACTOR * att_fwd / dev.attention.backward_ratio
-    bt.backward_input = mm_fwd + att_bwd + 2 * elem_fwd + cast / 3
+    bt.backward_input = mm_fwd + att_bwd + elem_bwd + cast / 3
     bt.backward_weight = mm_fwd + cast / 3
     bt.recompute = _recompute_time(lay, fwd_by_kind, att_fwd, elem_fwd)
     tp_fwd = _tp_comm_forward(lay, prof, spans)
-    n_fwd_passes = 2 if lay.ac == "full" else 1
-    tp_total = tp_fwd * (n_fwd_passes + 1)
+    bt.forward_passes = 2 if lay.ac == "full" else 1
+    tp_total = tp_fwd * (bt.forward_passes + 1)
     bt.tp_comm = tp_total * (1 - prof.overheads.tp_async_overlap) if lay.async_tp else tp_total
-    cp_total = _cp_comm(lay, prof, spans) * (n_fwd_passes + 1)
+    cp_total = _cp_comm(lay, prof, spans) * (bt.forward_passes + 1)
     bt.cp_comm = cp_total * (1 - prof.overheads.cp_overlap)
     _add_host(bt, lay, prof)
     return bt
@@ -84,25 +97,29 @@ def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile) -> None:
     bt.recompute += r.seconds(o)
 
 
-# Eager attention passes over the (heads x s x s) scores, in elements read or written: forward
-# scale-mask-softmax (2) and dropout (2 + a 1-byte mask); backward about twice that.
+# Eager attention passes over the (heads x s x s) scores, in elements read or written. Forward:
+# scale-mask-softmax reads the scores and writes the probabilities (2), dropout reads them and writes
+# its output and a 1-byte mask (2.5). Backward: dropout's reads the gradient and the mask and writes
+# (2.5), softmax's reads the gradient and the probabilities and writes (3).
 EAGER_SCORE_PASSES_FWD = 4.5
+EAGER_SCORE_PASSES_BWD = 5.5
 
 
-def _eager_attention_forward(lay: Layout, prof: ClusterProfile) -> float:
-    """Unfused attention: two batched matmuls over the full (masked) score matrix, then memory-bound
-    softmax and dropout over it. Time for the forward; the caller scales it for backward."""
+def _eager_attention(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
+    """Unfused attention, (forward, backward) seconds: batched matmuls over the full (masked) score
+    matrix (two forward, four backward) and memory-bound softmax and dropout passes over it."""
     spec, dev = lay.spec, prof.device
     heads = spec.n_heads // lay.tp
     seqs = lay.micro_batch / lay.cp
     s, hd = lay.seq_len, spec.head_dim
     mm = 2 * heads * seqs * matmul_time(dev, s, s, hd, lay.dtype) / prof.overheads.kernel_efficiency
-    scores = heads * seqs * s * s
-    return mm + memory_bound_time(dev, scores * lay.act_bytes * EAGER_SCORE_PASSES_FWD)
+    score_bytes = heads * seqs * s * s * lay.act_bytes
+    return (mm + memory_bound_time(dev, score_bytes * EAGER_SCORE_PASSES_FWD),
+            2 * mm + memory_bound_time(dev, score_bytes * EAGER_SCORE_PASSES_BWD))
 
 
 def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, elem_fwd: float) -> float:
-    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch)
+    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel)
     if not kinds:
         return 0.0
     spec = lay.spec
@@ -118,10 +135,24 @@ def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, 
                 t += secs / 2
     if "attention" in kinds:
         t += att_fwd
+    if kinds == {"attention"} and lay.attention_kernel == "eager":
+        return t  # Megatron checkpoints the attention core alone; its softmax and dropout are in att_fwd
     return t + elem_fwd
 
 
-def _elementwise_bytes(lay: Layout) -> float:
+def elementwise_times(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's memory-bound elementwise kernels."""
+    dev = prof.device
+    if lay.elementwise_kernels == "megatron":
+        fwd, bwd = _megatron_elementwise_bytes(lay)
+        return memory_bound_time(dev, fwd), memory_bound_time(dev, bwd)
+    fwd = memory_bound_time(dev, _pytorch_elementwise_bytes(lay))
+    if lay.compile:
+        fwd /= prof.overheads.compile_speedup
+    return fwd, 2 * fwd
+
+
+def _pytorch_elementwise_bytes(lay: Layout) -> float:
     """Bytes one block's forward elementwise kernels move, as eager PyTorch runs them.
 
     Per element, in units of the activation size: two RMSNorm/LayerNorms computed in fp32 (cast,
@@ -135,6 +166,25 @@ def _elementwise_bytes(lay: Layout) -> float:
     rope = 15 * (spec.dim + spec.kv_dim) if spec.arch == "llama" else 0
     per_token += (rope + 8 * (spec.dim + 2 * spec.kv_dim) + 5 * spec.ffn_dim) / lay.tp
     return lay.tokens_per_micro * per_token * lay.act_bytes
+
+
+# Megatron-LM's hand-fused kernels, passes per element (activation-size units; a 1-byte dropout mask
+# is half a pass). Forward: fused LayerNorm reads and writes (2, twice); bias-dropout-add reads the
+# input and the residual and writes the sum and the mask (3.5, twice); bias-GeLU reads and writes (2);
+# the attention context's permute to [s, b, h] copies it (2). Backward: LayerNorm reads the gradient
+# and the input and writes (3, twice); dropout-add reads the gradient and the mask and writes (2.5,
+# twice); GeLU reads the gradient and its input and writes (3); the permute copies back (2).
+MEGATRON_PASSES = {"norm": (2, 3), "dropout_add": (3.5, 2.5), "gelu": (2, 3), "permute": (2, 2)}
+
+
+def _megatron_elementwise_bytes(lay: Layout) -> tuple[float, float]:
+    spec = lay.spec
+    sp_div = lay.tp if lay.sp else 1
+    elems = {"norm": 2 * spec.dim / sp_div, "dropout_add": 2 * spec.dim / sp_div,
+             "gelu": spec.ffn_dim / lay.tp, "permute": spec.dim / lay.tp}
+    scale = lay.tokens_per_micro * lay.act_bytes
+    return (scale * sum(n * MEGATRON_PASSES[k][0] for k, n in elems.items()),
+            scale * sum(n * MEGATRON_PASSES[k][1] for k, n in elems.items()))
 
 
 def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> float:

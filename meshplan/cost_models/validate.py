@@ -6,9 +6,11 @@ import json
 from dataclasses import replace
 
 from meshplan.argparsing import ArgumentParser
-from meshplan.cost_models.estimate import Estimate, estimate_plan
+from meshplan.cost_models.estimate import Estimate, estimate_plan, group_spans
 from meshplan.cost_models.flops import megatron_flops_per_iteration
-from meshplan.cost_models.published import PublishedRow, megatron_rows, torchtitan_rows
+from meshplan.cost_models.layout import layout_of
+from meshplan.cost_models.published import PublishedRow, korthikanti_layer_rows, megatron_rows, torchtitan_rows
+from meshplan.cost_models.timing import block_time
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import Plan
 
@@ -28,8 +30,20 @@ def _best_micro_batch(plan: Plan, overrides: dict) -> tuple[Plan, Estimate]:
     return best[1], best[2]
 
 
-def predict(row: PublishedRow) -> tuple[float, Estimate, Plan]:
+def predict_layer_ms(row: PublishedRow) -> float:
+    """One block's forward, or backward (recompute included), for one micro-batch, in milliseconds."""
+    prof = load_profile(row.plan.cluster)
+    lay = replace(layout_of(row.plan), **row.layout_overrides)
+    bt = block_time(lay, prof, group_spans(lay, prof))
+    if row.metric == "layer_forward_ms":
+        return 1e3 * bt.forward_with_comm
+    return 1e3 * (bt.backward_input_with_comm + bt.backward_weight)
+
+
+def predict(row: PublishedRow) -> tuple[float, Estimate | None, Plan]:
     plan = row.plan
+    if row.metric.startswith("layer_"):
+        return predict_layer_ms(row), None, plan
     if plan.training.micro_batch == "auto":
         plan, est = _best_micro_batch(plan, row.layout_overrides)
     else:
@@ -44,7 +58,7 @@ def predict(row: PublishedRow) -> tuple[float, Estimate, Plan]:
 
 def validation_results() -> list[dict]:
     out = []
-    for row in megatron_rows() + torchtitan_rows():
+    for row in megatron_rows() + korthikanti_layer_rows() + torchtitan_rows():
         if row.skipped:
             out.append({"table": row.table, "label": row.label, "skipped": row.skipped})
             continue
@@ -56,6 +70,10 @@ def validation_results() -> list[dict]:
                        memory_error=est.peak_memory_gib / row.published_memory_gib - 1)
         out.append(rec)
     return out
+
+
+METRIC_UNITS = {"tflops_per_gpu": "TFLOP/s/GPU", "tokens_per_s_per_gpu": "tokens/s/GPU",
+                "layer_forward_ms": "ms", "layer_backward_ms": "ms"}
 
 
 def _table_groups(results: list[dict]) -> dict[str, list[dict]]:
@@ -89,7 +107,7 @@ def main(argv: list[str]) -> int:
         return 0
     for name, rows in groups.items():
         print(f"\n== {name}")
-        unit = "TFLOP/s/GPU" if rows[0].get("metric") == "tflops_per_gpu" else "tokens/s/GPU"
+        unit = METRIC_UNITS[next(r["metric"] for r in rows if "metric" in r)]
         print(f"{'configuration':<92} {'published':>10} {'predicted':>10} {'error':>7}   {'mem GiB':>7} {'pred':>6} {'error':>7}")
         for r in rows:
             if "skipped" in r:
