@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 from meshplan.profiles.schema import ClusterProfile
 
-# Bytes each rank moves per byte of payload, over bus bandwidth (nccl-tests conventions).
-# all_reduce payload = the buffer; all_gather / reduce_scatter payload = the full (gathered) buffer.
-def _bus_factor(collective: str, n: int) -> float:
+
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw = algbw x this: the bytes each rank's link carries per byte of payload
+    (all_reduce: the buffer; all_gather / reduce_scatter: the full, gathered buffer)."""
     if collective == "all_reduce":
         return 2.0 * (n - 1) / n
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):
@@ -43,11 +44,11 @@ def collective_time(profile: ClusterProfile, collective: str, payload_bytes: flo
     message = payload_bytes / calls
     node_bw, node_lat = profile.collectives[profile.node_level()][collective].line_for(message)
     if span.nodes <= 1:
-        return calls * node_lat * 1e-6 + _bus_factor(collective, n) * payload_bytes / (node_bw * 1e9)
+        return calls * node_lat * 1e-6 + bus_factor(collective, n) * payload_bytes / (node_bw * 1e9)
     net_bw, net_lat = profile.collectives[profile.cluster_level()][collective].line_for(message)
     busbw = min(net_bw * span.ranks_per_node, node_bw)
     latency = net_lat + (node_lat if span.ranks_per_node > 1 else 0.0)
-    return calls * latency * 1e-6 + _bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
+    return calls * latency * 1e-6 + bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
 
 
 def p2p_time(profile: ClusterProfile, payload_bytes: float, crosses_node: bool) -> float:

@@ -9,6 +9,7 @@ from meshplan.argparsing import ArgumentParser
 from meshplan.cost_models.estimate import Estimate, estimate_plan, group_spans
 from meshplan.cost_models.flops import megatron_flops_per_iteration
 from meshplan.cost_models.layout import layout_of
+from meshplan.cost_models.published_comm import USED_ELSEWHERE, collective_rows
 from meshplan.cost_models.published import PublishedRow, korthikanti_layer_rows, megatron_rows, torchtitan_rows
 from meshplan.cost_models.timing import block_time
 from meshplan.profiles.registry import load_profile
@@ -69,11 +70,18 @@ def validation_results() -> list[dict]:
             rec.update(published_memory_gib=row.published_memory_gib, predicted_memory_gib=est.peak_memory_gib,
                        memory_error=est.peak_memory_gib / row.published_memory_gib - 1)
         out.append(rec)
+    for c in collective_rows():
+        if c.skipped:
+            out.append({"table": c.table, "label": c.label, "skipped": c.skipped})
+            continue
+        value = c.predict()
+        out.append({"table": c.table, "label": c.label, "metric": c.metric, "published": c.published,
+                    "predicted": value, "error": value / c.published - 1})
     return out
 
 
 METRIC_UNITS = {"tflops_per_gpu": "TFLOP/s/GPU", "tokens_per_s_per_gpu": "tokens/s/GPU",
-                "layer_forward_ms": "ms", "layer_backward_ms": "ms"}
+                "layer_forward_ms": "ms", "layer_backward_ms": "ms", "time_us": "us", "busbw_gbs": "GB/s"}
 
 
 def _table_groups(results: list[dict]) -> dict[str, list[dict]]:
@@ -103,7 +111,7 @@ def main(argv: list[str]) -> int:
             "skipped": [r for r in rows if "skipped" in r],
         }
     if args.json:
-        print(json.dumps({"rows": results, "summary": summary}, indent=2))
+        print(json.dumps({"rows": results, "summary": summary, "used_elsewhere": USED_ELSEWHERE}, indent=2))
         return 0
     for name, rows in groups.items():
         print(f"\n== {name}")
@@ -122,4 +130,7 @@ def main(argv: list[str]) -> int:
         if s["memory_rows"]:
             line += f"; memory: mean {s['memory_mape']:.1%}, max {s['memory_max_abs_error']:.1%} over {s['memory_rows']} rows"
         print(line)
+    print("\n== Published tables that are not runs or collectives")
+    for name, use in USED_ELSEWHERE.items():
+        print(f"{name:<50} {use}")
     return 0

@@ -69,22 +69,35 @@ def fit_collectives(points: list[dict], levels: list[str]) -> tuple[dict, dict]:
             b = [p["bytes"] for p in ps]
             x = [p["bytes"] * bus_factor(c, n) for p in ps]
             t = [p["time_s"] for p in ps]
-            f = fit.fit_latency_bandwidth(b, x, t)
-            fits[level][c] = {"bus_bandwidth_gbs": sig(f.busbw_gbs), "latency_us": _latency_us(f.latency_s)}
+            fits[level][c], one_line = collective_entry(b, x, t)
             noise = [p["median_se"] for p in ps if p["bytes"] >= fit.LARGE_BYTES and p.get("median_se") is not None]
-            one_line = _written_error(fits[level][c], b, x, t)
-            if one_line.max_rel > TARGET:
-                # Two regimes (e.g. buffers in cache vs from DRAM): each size range gets its own line.
-                pieces = fit.fit_two_pieces(b, x, t)
-                if pieces:
-                    fits[level][c]["segments"] = [
-                        {"min_bytes": p.min_bytes, "bus_bandwidth_gbs": sig(p.fit.busbw_gbs),
-                         "latency_us": _latency_us(p.fit.latency_s)} for p in pieces]
             # errors of the model as written (rounded, with its segments), over the group it describes
             errors[level][c] = replace(_written_error(fits[level][c], b, x, t), group_size=n,
                                        noise=statistics.mean(noise) if noise else None,
                                        one_line_max_rel=one_line.max_rel)
     return fits, errors
+
+
+def collective_entry(nbytes: list[float], effective: list[float], times: list[float]) -> tuple[dict, fit.FitError]:
+    """A collective's profile entry from its measured times, and the error of its one line.
+
+    One latency + bandwidth line; where it misses TARGET on >= 1 MiB messages (two regimes, e.g.
+    buffers in cache vs from DRAM, or NCCL switching protocol), two size ranges of >= 1 MiB get lines of
+    their own and the line below them is refitted to the smaller messages alone.
+    """
+    f = fit.fit_latency_bandwidth(nbytes, effective, times)
+    entry = {"bus_bandwidth_gbs": sig(f.busbw_gbs), "latency_us": _latency_us(f.latency_s)}
+    one_line = _written_error(entry, nbytes, effective, times)
+    pieces = fit.fit_two_pieces(nbytes, effective, times) if one_line.max_rel > TARGET else None
+    if pieces:
+        entry["segments"] = [{"min_bytes": p.min_bytes, "bus_bandwidth_gbs": sig(p.fit.busbw_gbs),
+                              "latency_us": _latency_us(p.fit.latency_s)} for p in pieces]
+        small = [i for i, b in enumerate(nbytes) if b < pieces[0].min_bytes]
+        if len({nbytes[i] for i in small}) >= 2:
+            f = fit.fit_latency_bandwidth([nbytes[i] for i in small], [effective[i] for i in small],
+                                          [times[i] for i in small])
+            entry.update(bus_bandwidth_gbs=sig(f.busbw_gbs), latency_us=_latency_us(f.latency_s))
+    return entry, one_line
 
 
 def _written_error(entry: dict, nbytes: list[float], effective: list[float], times: list[float]) -> fit.FitError:

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from meshplan.cost_models.comm import bus_factor
 from meshplan.profiles.bench.env import BenchEnv
 from meshplan.profiles.bench.progress import Reporter
 from meshplan.profiles.bench.timing import Budget, summarize
@@ -30,17 +31,6 @@ _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 QUICK_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 24 * MIB]
 FULL_SIZES = [4 * KIB, 16 * KIB, 64 * KIB, 256 * KIB] + [MIB << i for i in range(9)]  # up to 256 MiB
 MIN_SAMPLE_S = 0.004  # small messages are timed in batches at least this long, so timer and barrier noise fade
-
-
-def bus_factor(collective: str, n: int) -> float:
-    """nccl-tests: busbw = algbw * factor, the bytes each rank's link carries per byte of message."""
-    if collective == "all_reduce":
-        return 2.0 * (n - 1) / n
-    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    if collective == "send_recv":
-        return 1.0
-    raise ValueError(collective)
 
 
 @dataclass

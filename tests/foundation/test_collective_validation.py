@@ -1,0 +1,80 @@
+"""Collectives against published measurements, and every published table accounted for."""
+
+from importlib import resources
+
+import pytest
+
+from meshplan.cost_models.comm import bus_factor
+from meshplan.cost_models.published_comm import (
+    USED_ELSEWHERE, b200_node_rows, collective_rows, dgx_h100_sweep_rows, gtc_rows, measured_point_rows)
+from meshplan.cost_models.validate import validation_results
+from meshplan.profiles.bench.builder import collective_entry
+from meshplan.profiles.registry import load_profile
+
+RUN_TABLES = {"narayanan2021_megatron_weak_scaling.csv", "korthikanti2022_table4_per_layer_time_22B.csv",
+              "torchtitan_llama31_h100_2024-12.csv"}
+COLLECTIVE_TABLES = {"comm_nccl_tests_allreduce_8xH100_single_node_dgxc.csv",
+                     "comm_allreduce_busbw_b200_1node_vs_4nodes.csv", "comm_measured_collective_points.csv",
+                     "comm_nvidia_gtc_nccl_allreduce_busbw.csv"}
+
+
+def test_every_shipped_table_is_validated_or_says_where_it_is_used():
+    shipped = {f.name for f in resources.files("meshplan.data.published").iterdir() if f.name.endswith(".csv")}
+    assert shipped == RUN_TABLES | COLLECTIVE_TABLES | set(USED_ELSEWHERE)
+    assert not (RUN_TABLES | COLLECTIVE_TABLES) & set(USED_ELSEWHERE)
+
+
+def test_rows_and_reasons():
+    assert len(dgx_h100_sweep_rows()) == 32
+    b200 = b200_node_rows()
+    assert len(b200) == 40 and sum(r.skipped is None for r in b200) == 20
+    points = measured_point_rows()
+    assert sum(r.skipped is None for r in points) == 15
+    assert all("link" in r.skipped or "guidance" in r.skipped for r in points if r.skipped)
+    gtc = gtc_rows()
+    assert sum(r.skipped is None for r in gtc) == 9
+    assert all("SHARP" in r.label for r in gtc if r.skipped and "SHARP" in r.skipped)
+
+
+def _message(rows, size):
+    return next(r for r in rows if r.payload_bytes == size)
+
+
+def test_busbw_prediction_by_hand():
+    # an all-gather of 16 GiB on 8 H200: the profile's 361 GB/s line, latency negligible
+    row = next(r for r in measured_point_rows() if r.collective == "all_gather")
+    prof = load_profile("h200-141g-dgx")
+    bw, lat = prof.collectives["nvlink"]["all_gather"].line_for(row.payload_bytes)
+    seconds = lat * 1e-6 + bus_factor("all_gather", 8) * row.payload_bytes / (bw * 1e9)
+    assert row.predict() == pytest.approx(bus_factor("all_gather", 8) * row.payload_bytes / seconds / 1e9)
+    assert row.predict() == pytest.approx(361.4, rel=0.01)
+
+
+@pytest.mark.parametrize("rows,cluster", [(dgx_h100_sweep_rows, "h100-80g-dgx"), (b200_node_rows, "b200-180g-dgx")])
+def test_builtin_all_reduce_is_profile_clusters_fit_of_the_sweep(rows, cluster):
+    """The built-in line is what profile-cluster's fit writes for the published sweep, and follows it."""
+    sweep = [r for r in rows() if not r.skipped]
+    nbytes = [r.payload_bytes for r in sweep]
+    effective = [b * bus_factor("all_reduce", 8) for b in nbytes]
+    if sweep[0].metric == "time_us":
+        times = [r.published * 1e-6 for r in sweep]
+    else:
+        times = [e / (r.published * 1e9) for e, r in zip(effective, sweep)]
+    entry, _ = collective_entry(nbytes, effective, times)
+    fit = load_profile(cluster).collectives["nvlink"]["all_reduce"]
+    assert (fit.bus_bandwidth_gbs, fit.latency_us) == (entry["bus_bandwidth_gbs"], entry["latency_us"])
+    assert [(s.min_bytes, s.bus_bandwidth_gbs, s.latency_us) for s in fit.segments] == \
+        [(s["min_bytes"], s["bus_bandwidth_gbs"], s["latency_us"]) for s in entry["segments"]]
+    for r in sweep:  # two lines over >= 1 MiB cannot follow every bump of a torch-level sweep: 20 %
+        if r.payload_bytes >= 1 << 20:
+            assert abs(r.predict() / r.published - 1) <= 0.20, r.label
+
+
+def test_collective_tables_in_validate():
+    results = [r for r in validation_results() if "error" in r and r["metric"] in ("time_us", "busbw_gbs")]
+    assert len(results) == sum(not r.skipped for r in collective_rows())
+    by_table: dict[str, list[float]] = {}
+    for r in results:
+        by_table.setdefault(r["table"], []).append(abs(r["error"]))
+    for table, errors in by_table.items():
+        assert sum(errors) / len(errors) <= 0.12, table
