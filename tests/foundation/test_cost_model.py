@@ -5,9 +5,8 @@ import pytest
 from meshplan.cost_models.activations import MEGATRON, PYTORCH, TORCHTITAN_OP_POLICY, activation_bytes_per_token
 from meshplan.cost_models.flops import megatron_flops_per_iteration, model_flops_per_token
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.memory import GIB, rank_memory
+from meshplan.cost_models.memory import rank_memory
 from meshplan.cost_models.pipeline import simulate
-from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import Overheads
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model

@@ -13,7 +13,7 @@ from meshplan.profiles.bench.collectives import bus_factor
 from meshplan.profiles.bench.env import BenchEnv
 from meshplan.profiles.bench.memory import MemoryResult
 from meshplan.profiles.bench.worker import RawResults, WorkerOptions
-from meshplan.profiles.schema import COLLECTIVES, profile_from_dict
+from meshplan.profiles.schema import profile_from_dict
 from meshplan.profiles.versions import check_profile_versions, installed_versions
 from meshplan.yamlio import atomic_write_yaml
 
