@@ -41,6 +41,17 @@ PYTORCH = Convention()
 MEGATRON = Convention(attention="eager", dropout=True, sp_regathers=True)
 
 
+def convention_of(attention_kernel: str) -> Convention:
+    """A layout's convention: eager attention is Megatron-LM's (the only system modelled with it)."""
+    return MEGATRON if attention_kernel == "eager" else PYTORCH
+
+
+def attention_core_only(ac: str, sac_ops, attention: str) -> bool:
+    """Korthikanti's selective recompute: with eager attention and no op list, selective AC drops and
+    recomputes only the s^2 attention core (scores, softmax, dropout)."""
+    return ac == "selective" and attention == "eager" and sac_ops is None
+
+
 @dataclass(frozen=True)
 class ActivationTensor:
     name: str
@@ -117,8 +128,7 @@ def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int) ->
         return {x.name for x in tensors if x.no_ac_saved}
     if ac == "full":
         return {"block_in"}
-    if conv.attention == "eager" and sac_ops is None:
-        # Korthikanti's selective recompute: drop only the s^2 attention-core tensors.
+    if attention_core_only(ac, sac_ops, conv.attention):
         return {x.name for x in tensors if x.no_ac_saved and x.name not in
                 ("softmax_out", "attn_dropout_mask", "attn_dropout_out")}
     if sac_ops == TORCHTITAN_OP_POLICY:
@@ -162,8 +172,8 @@ def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash
         return set()
     if ac == "full":
         return {"qkv", "attention", "attn_out", "ffn_in", "ffn_out"}
-    if attention_kernel == "eager" and sac_ops is None:
-        return {"attention"}  # Korthikanti's selective recompute: the attention core alone
+    if attention_core_only(ac, sac_ops, attention_kernel):
+        return {"attention"}
     if sac_ops == TORCHTITAN_OP_POLICY:
         # TorchTitan's op policy saves every other matmul; recomputes wk, wo and w3 (GPT: wk, wv, wo).
         return {"qkv_partial", "attn_out", "ffn_in_partial"} if arch == "llama" else {"qkv_partial", "attn_out"}

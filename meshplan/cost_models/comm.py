@@ -14,7 +14,9 @@ def bus_factor(collective: str, n: int) -> float:
         return 2.0 * (n - 1) / n
     if collective in ("all_gather", "reduce_scatter", "all_to_all"):
         return (n - 1) / n
-    return 1.0
+    if collective == "send_recv":
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}")
 
 
 @dataclass(frozen=True)

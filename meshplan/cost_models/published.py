@@ -9,7 +9,8 @@ is assumed once here, and printed by `meshplan validate`:
   bias-GeLU and bias-dropout-add kernels (elementwise_kernels="megatron"), no torch.compile.
 - Korthikanti et al. 2022 Table 4 (one layer of the 22B GPT of their Table 3: TP 8, micro-batch 4,
   seq 2048, A100): the Megatron conventions above; "selective recompute" is theirs (the attention
-  core alone), sequence parallelism re-gathers its inputs in backward.
+  core alone); sequence parallelism's backward re-gather of its inputs is taken as hidden under the
+  input-gradient matmul, which Megatron overlaps it with.
 - TorchTitan (Llama 3.1 on H100 96GB at 500 W): selective AC is TorchTitan's op policy (every
   other matmul and SDPA saved), FSDP2 with reshard after forward (not with PP),
   pipeline micro-batches = PP degree (the Interleaved 1F1B row's published speed-up over 1F1B
@@ -44,14 +45,14 @@ class PublishedRow:
     layout_overrides: dict = field(default_factory=dict)  # what the plan file cannot say about the run
 
 
-def _read_csv(name: str) -> list[dict[str, str]]:
+def read_published_csv(name: str) -> list[dict[str, str]]:
     text = resources.files("meshplan.data.published").joinpath(name).read_text()
     return list(csv.DictReader(text.splitlines()))
 
 
 def megatron_rows() -> list[PublishedRow]:
     rows = []
-    for r in _read_csv("narayanan2021_megatron_weak_scaling.csv"):
+    for r in read_published_csv("narayanan2021_megatron_weak_scaling.csv"):
         h, layers, heads = int(r["Hidden size"]), int(r["Number of layers"]), int(r["Attention heads"])
         tp, pp, gpus = int(r["Tensor model-parallel size"]), int(r["Pipeline model-parallel size"]), int(r["Number of GPUs"])
         batch = int(r["Batch size"])
@@ -83,13 +84,13 @@ KORTHIKANTI_EXPERIMENTS = {  # Table 4's rows: (sequence parallel, activation ch
 
 def korthikanti_layer_rows() -> list[PublishedRow]:
     """Table 4: forward and backward milliseconds of one 22B layer, per recompute / SP experiment."""
-    cfg = next(r for r in _read_csv("korthikanti2022_table3_model_configs.csv") if r["Model"] == "22B")
+    cfg = next(r for r in read_published_csv("korthikanti2022_table3_model_configs.csv") if r["Model"] == "22B")
     h, heads, tp = int(cfg["Hidden size"]), int(cfg["Attention heads"]), int(cfg["Tensor parallel size"])
     mb = int(cfg["Micro-batch size"])
     spec = ModelSpec(name="gpt-22b", arch="gpt", dim=h, n_layers=int(cfg["Number of layers"]), n_heads=heads,
                      n_kv_heads=heads, ffn_dim=4 * h, vocab_size=51200, max_seq_len=2048)
     rows = []
-    for r in _read_csv("korthikanti2022_table4_per_layer_time_22B.csv"):
+    for r in read_published_csv("korthikanti2022_table4_per_layer_time_22B.csv"):
         sp, ac = KORTHIKANTI_EXPERIMENTS[r["Experiment"]]
         plan = Plan(
             model=spec, cluster="a100-80g-dgx", gpus=tp,
@@ -124,7 +125,7 @@ def torchtitan_split(n_layers: int, n_stages: int) -> list[int]:
 
 def torchtitan_rows() -> list[PublishedRow]:
     rows = []
-    for r in _read_csv("torchtitan_llama31_h100_2024-12.csv"):
+    for r in read_published_csv("torchtitan_llama31_h100_2024-12.csv"):
         size = r["model"].split()[-1].lower()
         spec = resolve_model(f"llama3-{size}")
         deg = _degrees(r["parallelism"])

@@ -1,6 +1,9 @@
 """Published collective measurements as rows `meshplan validate` predicts: one collective of one
 size over one group of GPUs, on the built-in profile of that hardware (comm.collective_time).
 
+A profile's all-reduce line is NCCL's default on a full node: NVLS (in-switch reduction) on
+H100, H200 and B200 nodes. Rows measured with NVLS turned off are left out for that reason; rows of
+smaller groups, which NCCL runs as a ring, are kept and show what one line per link level costs.
 Rows whose fabric has no built-in profile, or that measure a link rather than a collective, are
 kept with the reason they are left out. A payload the source does not state (the GTC slides'
 plateau figures) is priced at 8 GiB, where every profile's line has reached its bandwidth.
@@ -8,12 +11,11 @@ plateau figures) is priced at 8 GiB, where every profile's line has reached its 
 
 from __future__ import annotations
 
-import csv
 import re
 from dataclasses import dataclass
-from importlib import resources
 
 from meshplan.cost_models.comm import GroupSpan, bus_factor, collective_time
+from meshplan.cost_models.published import read_published_csv
 from meshplan.profiles.registry import load_profile
 
 GIB = 1 << 30
@@ -44,11 +46,6 @@ class CollectiveRow:
         return bus_factor(self.collective, self.ranks) * self.payload_bytes / seconds / 1e9
 
 
-def _read(name: str) -> list[dict[str, str]]:
-    text = resources.files("meshplan.data.published").joinpath(name).read_text()
-    return list(csv.DictReader(text.splitlines()))
-
-
 def _bytes(text: str) -> int | None:
     m = re.match(r"\s*(\d+)\s*(B|KiB|MiB|GiB)\b", text)
     return int(m.group(1)) * UNITS[m.group(2)] if m else None
@@ -59,14 +56,14 @@ def dgx_h100_sweep_rows() -> list[CollectiveRow]:
     table = "nccl-tests all_reduce, DGX H100 8 GPUs"
     return [CollectiveRow(table, f"{int(r['size (B)']):>12,} B", "time_us", float(r["out-of-place time (us)"]),
                           "h100-80g-dgx", "all_reduce", float(r["size (B)"]))
-            for r in _read("comm_nccl_tests_allreduce_8xH100_single_node_dgxc.csv")]
+            for r in read_published_csv("comm_nccl_tests_allreduce_8xH100_single_node_dgxc.csv")]
 
 
 def b200_node_rows() -> list[CollectiveRow]:
     """torch.distributed all_reduce on 8 B200 in one node and on 4 nodes of 8."""
     table = "all_reduce busbw, 8x B200 per node (torch all_reduce_bench)"
     rows = []
-    for r in _read("comm_allreduce_busbw_b200_1node_vs_4nodes.csv"):
+    for r in read_published_csv("comm_allreduce_busbw_b200_1node_vs_4nodes.csv"):
         size = _bytes(r["payload"])
         rows.append(CollectiveRow(table, f"{r['payload']} on 1 node", "busbw_gbs",
                                   float(r["1 node"].removesuffix("GBps")), "b200-180g-dgx", "all_reduce", size))
@@ -89,9 +86,9 @@ def measured_point_rows() -> list[CollectiveRow]:
     """Single-node collective measurements at a stated size and group size."""
     table = "measured collective points (H200, B200 nodes)"
     rows = []
-    for r in _read("comm_measured_collective_points.csv"):
+    for r in read_published_csv("comm_measured_collective_points.csv"):
         bench, system = r["benchmark / collective"], r["system"]
-        label = f"{system[:40]}: {bench[:40]}, {r['GPUs']} GPUs, {r['payload']}"
+        label = f"{r['GPUs']} GPUs, {r['payload']}, {r['algorithm']}: {bench} on {system}"
         kind = next((c for name, c in COLLECTIVES.items() if name in bench.replace("all_reduce_bench", "all_reduce")),
                     None)
         size, cluster = _bytes(r["payload"]), _point_cluster(system)
@@ -101,6 +98,8 @@ def measured_point_rows() -> list[CollectiveRow]:
             value = None
         if kind is None:
             reason = "a link benchmark or a stated link bandwidth, not a collective"
+        elif "NVLS_ENABLE=0" in bench:
+            reason = NVLS_OFF
         elif size is None or value is None or not r["GPUs"].isdigit():
             reason = "guidance without a measured size or value"
         elif cluster is None:
@@ -113,23 +112,30 @@ def measured_point_rows() -> list[CollectiveRow]:
     return rows
 
 
-# GTC slide configurations with a built-in profile of the same fabric: (profile, GPUs per node).
-GTC_FABRICS = {"NVLink3 (A100)": "a100-80g-dgx", "NVLink4 (H100)": "h100-80g-dgx", "NVLink5 (B200)": "b200-180g-dgx",
-               "NVL3 + 8x 200Gb RDMA (DGX A100)": "a100-80g-dgx", "NVL4 + 8x 400Gb RDMA (DGX H100)": "h100-80g-dgx"}
+NVLS_OFF = "NVLS turned off (ring): the profile's all-reduce line is NCCL's default on a full node, NVLS"
+# GTC slide configurations with a built-in profile of the same fabric and NCCL default algorithm.
+GTC_FABRICS = {"NVLink3 (A100)": "a100-80g-dgx", "NVLink4 SHARP (H100)": "h100-80g-dgx",
+               "NVLink5 SHARP (B200)": "b200-180g-dgx", "NVL3 + 8x 200Gb RDMA (DGX A100)": "a100-80g-dgx",
+               "NVL4 + 8x 400Gb RDMA (DGX H100)": "h100-80g-dgx"}
+GTC_RING = ("NVLink4 (H100)", "NVLink5 (B200)")  # the same nodes with NVLS off
 
 
 def gtc_rows() -> list[CollectiveRow]:
     """NVIDIA GTC 2024/2025 slides: all_reduce bus bandwidth by fabric, 8 GPUs in a node or 32 over 4."""
     table = "NVIDIA GTC all_reduce busbw by fabric"
     rows = []
-    for r in _read("comm_nvidia_gtc_nccl_allreduce_busbw.csv"):
+    for r in read_published_csv("comm_nvidia_gtc_nccl_allreduce_busbw.csv"):
         config, single = r["configuration"], r["scope"].startswith("Multi-GPU")
         label = f"{r['slide']} {config} ({'8 GPUs' if single else '32 GPUs, 8 per node'})"
         value = float(r["NCCL tests AllReduce bus bandwidth (GB/s)"])
         cluster = GTC_FABRICS.get(config)
         if cluster is None:
-            reason = ("NVLink SHARP (in-switch reduction) is not in the profiles' all_reduce line" if "SHARP" in config
-                      else "no built-in profile for this fabric")
+            if config in GTC_RING:
+                reason = NVLS_OFF
+            elif "SHARP" in config:
+                reason = "SHARP across nodes or an NVL72 rack: no built-in profile reduces in the network"
+            else:
+                reason = "no built-in profile for this fabric"
             rows.append(CollectiveRow(table, label, "busbw_gbs", value, skipped=reason))
             continue
         ranks = 8 if single else 32

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost_models.activations import recomputed_kinds
+from meshplan.cost_models.activations import attention_core_only, recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, logits_matmul
@@ -99,7 +99,7 @@ def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile) -> None:
 
 # Eager attention passes over the (heads x s x s) scores, in elements read or written. Forward:
 # scale-mask-softmax reads the scores and writes the probabilities (2), dropout reads them and writes
-# its output and a 1-byte mask (2.5). Backward: dropout's reads the gradient and the mask and writes
+# its output and a 1-byte mask (2.5, counting the mask as half a 2-byte pass). Backward: dropout's reads the gradient and the mask and writes
 # (2.5), softmax's reads the gradient and the probabilities and writes (3).
 EAGER_SCORE_PASSES_FWD = 4.5
 EAGER_SCORE_PASSES_BWD = 5.5
@@ -135,7 +135,7 @@ def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, 
                 t += secs / 2
     if "attention" in kinds:
         t += att_fwd
-    if kinds == {"attention"} and lay.attention_kernel == "eager":
+    if attention_core_only(lay.ac, lay.sac_ops, lay.attention_kernel):
         return t  # Megatron checkpoints the attention core alone; its softmax and dropout are in att_fwd
     return t + elem_fwd
 
@@ -169,7 +169,7 @@ def _pytorch_elementwise_bytes(lay: Layout) -> float:
 
 
 # Megatron-LM's hand-fused kernels, passes per element (activation-size units; a 1-byte dropout mask
-# is half a pass). Forward: fused LayerNorm reads and writes (2, twice); bias-dropout-add reads the
+# is half a pass of 2-byte activations). Forward: fused LayerNorm reads and writes (2, twice); bias-dropout-add reads the
 # input and the residual and writes the sum and the mask (3.5, twice); bias-GeLU reads and writes (2);
 # the attention context's permute to [s, b, h] copies it (2). Backward: LayerNorm reads the gradient
 # and the input and writes (3, twice); dropout-add reads the gradient and the mask and writes (2.5,

@@ -115,8 +115,9 @@ def main(argv: list[str]) -> int:
         return 0
     for name, rows in groups.items():
         print(f"\n== {name}")
-        unit = METRIC_UNITS[next(r["metric"] for r in rows if "metric" in r)]
-        print(f"{'configuration':<92} {'published':>10} {'predicted':>10} {'error':>7}   {'mem GiB':>7} {'pred':>6} {'error':>7}")
+        s = summary[name]
+        header = f"{'configuration':<92} {'published':>10} {'predicted':>10} {'error':>7}"
+        print(header + (f"   {'mem GiB':>7} {'pred':>6} {'error':>7}" if s["memory_rows"] else ""))
         for r in rows:
             if "skipped" in r:
                 print(f"{r['label']:<92} left out: {r['skipped']}")
@@ -125,7 +126,10 @@ def main(argv: list[str]) -> int:
             if "memory_error" in r:
                 line += f"   {r['published_memory_gib']:>7.1f} {r['predicted_memory_gib']:>6.1f} {r['memory_error']:>+7.1%}"
             print(line)
-        s = summary[name]
+        if not s["rows"]:
+            print("no row the model can express")
+            continue
+        unit = METRIC_UNITS[next(r["metric"] for r in rows if "metric" in r)]
         line = f"mean absolute error ({unit}): {s['mape']:.1%} over {s['rows']} rows"
         if s["memory_rows"]:
             line += f"; memory: mean {s['memory_mape']:.1%}, max {s['memory_max_abs_error']:.1%} over {s['memory_rows']} rows"

@@ -14,8 +14,22 @@ from typing import Sequence
 
 import numpy as np
 
+from meshplan.profiles.schema import CollectiveFit, CollectiveSegment
+
 MIB = 1 << 20
 LARGE_BYTES = MIB  # the fit must reproduce messages from this size on within `target`
+TARGET = 0.10  # profile-cluster's fits must reproduce >= 1 MiB measurements within this relative error
+
+
+def sig(x: float, digits: int = 4) -> float:
+    """Round to significant digits: the profile stays readable and round-trips exactly through YAML."""
+    return float(f"{float(x):.{digits}g}")
+
+
+def latency_us(seconds: float) -> float:
+    """Microseconds to 4 digits; fits pinned at zero latency come out as float dust, written as 0."""
+    us = seconds * 1e6
+    return sig(us) if us >= 0.01 else 0.0
 
 
 @dataclass
@@ -235,3 +249,39 @@ def _ternary_min(f, lo: float, hi: float, iterations: int) -> float:
         else:
             lo = m1
     return (lo + hi) / 2
+
+
+def collective_entry(nbytes: Sequence[float], effective: Sequence[float], times: Sequence[float]) -> tuple[dict, FitError]:
+    """A collective's profile entry from its measured times, and the error of its one line.
+
+    One latency + bandwidth line; where it misses TARGET on >= 1 MiB messages (two regimes, e.g.
+    buffers in cache vs from DRAM, or NCCL changing protocol), two size ranges of >= 1 MiB get lines of
+    their own and the line below them is refitted to the smaller messages alone, its bandwidth no
+    higher than the first range's (flat small-message times are latency, not an unbounded bandwidth).
+    """
+    f = fit_latency_bandwidth(nbytes, effective, times)
+    entry = {"bus_bandwidth_gbs": sig(f.busbw_gbs), "latency_us": latency_us(f.latency_s)}
+    one_line = written_error(entry, nbytes, effective, times)
+    pieces = fit_two_pieces(nbytes, effective, times) if one_line.max_rel > TARGET else None
+    if not pieces:
+        return entry, one_line
+    entry["segments"] = [{"min_bytes": p.min_bytes, "bus_bandwidth_gbs": sig(p.fit.busbw_gbs),
+                          "latency_us": latency_us(p.fit.latency_s)} for p in pieces]
+    small = [i for i, b in enumerate(nbytes) if b < pieces[0].min_bytes]
+    if len({nbytes[i] for i in small}) >= 2:
+        x = np.array([effective[i] for i in small], dtype=float)
+        t = np.array([times[i] for i in small], dtype=float)
+        base = fit_latency_bandwidth([nbytes[i] for i in small], x, t)
+        if base.busbw_gbs > pieces[0].fit.busbw_gbs:
+            per_byte = pieces[0].fit.seconds_per_byte
+            base = LinearFit(max(0.0, float(np.median(t - x * per_byte))), per_byte)
+        entry.update(bus_bandwidth_gbs=sig(base.busbw_gbs), latency_us=latency_us(base.latency_s))
+    return entry, one_line
+
+
+def written_error(entry: dict, nbytes: Sequence[float], effective: Sequence[float], times: Sequence[float]) -> FitError:
+    """Fit error of a collective's profile entry as written: each message priced by the line covering its size."""
+    model = CollectiveFit(entry["bus_bandwidth_gbs"], entry["latency_us"],
+                          [CollectiveSegment(**seg) for seg in entry.get("segments", [])])
+    predicted = [lat * 1e-6 + xb / (bw * 1e9) for (bw, lat), xb in zip(map(model.line_for, nbytes), effective)]
+    return error_of(nbytes, predicted, times)

@@ -8,7 +8,7 @@ from meshplan.cost_models.comm import bus_factor
 from meshplan.cost_models.published_comm import (
     USED_ELSEWHERE, b200_node_rows, collective_rows, dgx_h100_sweep_rows, gtc_rows, measured_point_rows)
 from meshplan.cost_models.validate import validation_results
-from meshplan.profiles.bench.builder import collective_entry
+from meshplan.profiles.fit import collective_entry
 from meshplan.profiles.registry import load_profile
 
 RUN_TABLES = {"narayanan2021_megatron_weak_scaling.csv", "korthikanti2022_table4_per_layer_time_22B.csv",
@@ -29,25 +29,43 @@ def test_rows_and_reasons():
     b200 = b200_node_rows()
     assert len(b200) == 40 and sum(r.skipped is None for r in b200) == 20
     points = measured_point_rows()
-    assert sum(r.skipped is None for r in points) == 15
-    assert all("link" in r.skipped or "guidance" in r.skipped for r in points if r.skipped)
+    assert sum(r.skipped is None for r in points) == 14
+    assert all(any(w in r.skipped for w in ("link", "guidance", "NVLS turned off")) for r in points if r.skipped)
+    assert [r.label for r in points if r.skipped and "NVLS" in r.skipped] == \
+        ["8 GPUs, 16GiB, Ring: nccl-tests all-reduce, NCCL_NVLS_ENABLE=0 on 8x H200 node (NVLink 4)"]
     gtc = gtc_rows()
     assert sum(r.skipped is None for r in gtc) == 9
-    assert all("SHARP" in r.label for r in gtc if r.skipped and "SHARP" in r.skipped)
-
-
-def _message(rows, size):
-    return next(r for r in rows if r.payload_bytes == size)
+    # the ring figures of nodes whose profile line is NCCL's default (NVLS) are left out, SHARP kept
+    assert {r.label for r in gtc if r.skipped and "NVLS" in r.skipped} == {
+        "GTC24 NVLink4 (H100) (8 GPUs)", "GTC25 NVLink4 (H100) (8 GPUs)", "GTC25 NVLink5 (B200) (8 GPUs)"}
+    assert len({(r.table, r.label) for r in collective_rows()}) == len(collective_rows())
 
 
 def test_busbw_prediction_by_hand():
-    # an all-gather of 16 GiB on 8 H200: the profile's 361 GB/s line, latency negligible
+    # an all-gather of 16 GiB on 8 H200: 7/8 of 16 GiB at the profile's 361 GB/s plus 15 us of latency
     row = next(r for r in measured_point_rows() if r.collective == "all_gather")
-    prof = load_profile("h200-141g-dgx")
-    bw, lat = prof.collectives["nvlink"]["all_gather"].line_for(row.payload_bytes)
-    seconds = lat * 1e-6 + bus_factor("all_gather", 8) * row.payload_bytes / (bw * 1e9)
-    assert row.predict() == pytest.approx(bus_factor("all_gather", 8) * row.payload_bytes / seconds / 1e9)
+    seconds = 15e-6 + 7 / 8 * 16 * 2**30 / 361e9
+    assert row.predict() == pytest.approx(7 / 8 * 16 * 2**30 / seconds / 1e9, rel=1e-3)
     assert row.predict() == pytest.approx(361.4, rel=0.01)
+
+
+def test_bus_factor_rejects_unknown_collectives():
+    assert bus_factor("all_reduce", 4) == 1.5 and bus_factor("send_recv", 2) == 1.0
+    with pytest.raises(ValueError):
+        bus_factor("allreduce", 4)
+
+
+def test_refitted_small_message_line_is_latency_not_bandwidth():
+    """Flat small-message times (a latency floor) must not become a line faster than large messages."""
+    sizes = [2.0 ** k for k in range(10, 31)]
+    effective = [s * bus_factor("all_reduce", 8) for s in sizes]
+    # 50 us floor below 1 MiB; 100 GB/s from 1 to 16 MiB; 500 GB/s above, plus 100 us
+    times = [50e-6 if s < 2**20 else (20e-6 + x / 100e9 if s < 2**24 else 100e-6 + x / 500e9)
+             for s, x in zip(sizes, effective)]
+    entry, _ = collective_entry(sizes, effective, times)
+    assert len(entry["segments"]) == 2
+    assert entry["bus_bandwidth_gbs"] <= entry["segments"][0]["bus_bandwidth_gbs"]
+    assert entry["latency_us"] == pytest.approx(50, rel=0.2)
 
 
 @pytest.mark.parametrize("rows,cluster", [(dgx_h100_sweep_rows, "h100-80g-dgx"), (b200_node_rows, "b200-180g-dgx")])

@@ -11,29 +11,16 @@ from typing import Any
 import torch
 
 from meshplan.errors import InputError
+from meshplan.cost_models.comm import bus_factor
 from meshplan.profiles import fit
-from meshplan.profiles.bench.collectives import bus_factor
+from meshplan.profiles.fit import TARGET, collective_entry, sig, written_error
 from meshplan.profiles.bench.env import BenchEnv
 from meshplan.profiles.bench.peaks import cores_per_device, cpu_peaks, gpu_datasheet_peaks, resolve_peaks
 from meshplan.profiles.bench.progress import Reporter
 from meshplan.profiles.bench.worker import RawResults, WorkerOptions
-from meshplan.profiles.schema import COLLECTIVES, ClusterProfile, CollectiveFit, CollectiveSegment, profile_from_dict
+from meshplan.profiles.schema import COLLECTIVES, ClusterProfile, profile_from_dict
 from meshplan.profiles.versions import installed_versions
 from meshplan.yamlio import atomic_write_yaml
-
-
-TARGET = 0.10  # fits must reproduce >= 1 MiB measurements within this relative error
-
-
-def sig(x: float, digits: int = 4) -> float:
-    """Round to significant digits: the profile stays readable and round-trips exactly through YAML."""
-    return float(f"{float(x):.{digits}g}")
-
-
-def _latency_us(seconds: float) -> float:
-    """Microseconds to 4 digits; fits pinned at zero latency come out as float dust, written as 0."""
-    us = seconds * 1e6
-    return sig(us) if us >= 0.01 else 0.0
 
 
 def fit_group_size(collective: str, level_sizes: list[int], in_node: bool) -> int:
@@ -72,40 +59,10 @@ def fit_collectives(points: list[dict], levels: list[str]) -> tuple[dict, dict]:
             fits[level][c], one_line = collective_entry(b, x, t)
             noise = [p["median_se"] for p in ps if p["bytes"] >= fit.LARGE_BYTES and p.get("median_se") is not None]
             # errors of the model as written (rounded, with its segments), over the group it describes
-            errors[level][c] = replace(_written_error(fits[level][c], b, x, t), group_size=n,
+            errors[level][c] = replace(written_error(fits[level][c], b, x, t), group_size=n,
                                        noise=statistics.mean(noise) if noise else None,
                                        one_line_max_rel=one_line.max_rel)
     return fits, errors
-
-
-def collective_entry(nbytes: list[float], effective: list[float], times: list[float]) -> tuple[dict, fit.FitError]:
-    """A collective's profile entry from its measured times, and the error of its one line.
-
-    One latency + bandwidth line; where it misses TARGET on >= 1 MiB messages (two regimes, e.g.
-    buffers in cache vs from DRAM, or NCCL switching protocol), two size ranges of >= 1 MiB get lines of
-    their own and the line below them is refitted to the smaller messages alone.
-    """
-    f = fit.fit_latency_bandwidth(nbytes, effective, times)
-    entry = {"bus_bandwidth_gbs": sig(f.busbw_gbs), "latency_us": _latency_us(f.latency_s)}
-    one_line = _written_error(entry, nbytes, effective, times)
-    pieces = fit.fit_two_pieces(nbytes, effective, times) if one_line.max_rel > TARGET else None
-    if pieces:
-        entry["segments"] = [{"min_bytes": p.min_bytes, "bus_bandwidth_gbs": sig(p.fit.busbw_gbs),
-                              "latency_us": _latency_us(p.fit.latency_s)} for p in pieces]
-        small = [i for i, b in enumerate(nbytes) if b < pieces[0].min_bytes]
-        if len({nbytes[i] for i in small}) >= 2:
-            f = fit.fit_latency_bandwidth([nbytes[i] for i in small], [effective[i] for i in small],
-                                          [times[i] for i in small])
-            entry.update(bus_bandwidth_gbs=sig(f.busbw_gbs), latency_us=_latency_us(f.latency_s))
-    return entry, one_line
-
-
-def _written_error(entry: dict, nbytes: list[float], effective: list[float], times: list[float]) -> fit.FitError:
-    """Fit error of a collective's profile entry as written: each message priced by the line covering its size."""
-    model = CollectiveFit(entry["bus_bandwidth_gbs"], entry["latency_us"],
-                          [CollectiveSegment(**seg) for seg in entry.get("segments", [])])
-    predicted = [lat * 1e-6 + xb / (bw * 1e9) for (bw, lat), xb in zip(map(model.line_for, nbytes), effective)]
-    return fit.error_of(nbytes, predicted, times)
 
 
 def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
@@ -162,8 +119,9 @@ def _links_section(fits: dict, measured_levels: list[str], node_link: str, netwo
     links = []
     for level in measured_levels:
         sr = fits[level]["send_recv"]
+        top = (sr.get("segments") or [sr])[-1]  # the link's bandwidth: the line of the largest messages
         links.append({"name": level, "scope": "node" if level == node_link else "cluster",
-                      "bandwidth_gbs": sr["bus_bandwidth_gbs"], "latency_us": sr["latency_us"]})
+                      "bandwidth_gbs": top["bus_bandwidth_gbs"], "latency_us": sr["latency_us"]})
     if copy_network:
         links.append(dict(links[0], name=network_link, scope="cluster"))
         fits[network_link] = {c: dict(v) for c, v in fits[node_link].items()}
@@ -209,7 +167,8 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "elapsed_s": round(raw.elapsed_s, 1),
     })
     prov["collectives.segments_note"] = (f"where one latency + bandwidth line misses {TARGET:.0%} at >= 1 MiB, the "
-                                         "fit has two size ranges (segments), each with its own line")
+                                         "fit has two size ranges (segments), each with its own line, and the line below them is "
+                                         "refitted to the smaller messages")
     if copy_network:
         prov[f"links.{opts.network_link}"] = (f"not measured (single-node run): copied from {node_link}; "
                                               "processes on one host talk over the same link")
@@ -252,10 +211,11 @@ def build_and_write(env: BenchEnv, opts: WorkerOptions, raw: RawResults, rep: Re
     profile, _, errors = build_profile(env, opts, raw)
     atomic_write_yaml(opts.out, profile.to_dict())
     print(f"\nfit error of time = latency + bytes/busbw, sizes >= 1 MiB:\n{format_fit_table(errors)}")
-    print(f"\n{'level':<10} {'collective':<15} {'busbw GB/s':>10} {'latency us':>10}")
+    print(f"\n{'level':<10} {'collective':<15} {'busbw GB/s':>10} {'latency us':>10}  (large messages; small)")
     for level, table in profile.collectives.items():
         for c, f in table.items():
-            print(f"{level:<10} {c:<15} {f.bus_bandwidth_gbs:>10.3g} {f.latency_us:>10.4g}")
+            bw, _ = f.line_for(float("inf"))
+            print(f"{level:<10} {c:<15} {bw:>10.3g} {f.latency_us:>10.4g}")
     d = profile.device
     print(f"\ndevice {d.name}: peak {d.peak_tflops} TFLOP/s, matmul max_fraction {d.matmul.max_fraction} "
           f"half_dim {d.matmul.half_dim:g}, attention {d.attention.max_fraction:g} half_seq {d.attention.half_seq:g}, "
