@@ -1,0 +1,28 @@
+"""The H100-class profiles' attention is FlashAttention-2's published H100 speed (PyTorch's SDPA kernel in 2024)."""
+
+import pytest
+
+from meshplan.cost_models.compute import attention_tflops
+from meshplan.profiles.registry import load_profile
+
+# FlashAttention-3 paper (Shah et al. 2024), FA2 on H100 80GB SXM5, bf16, head dim 128, causal forward.
+FA2_CAUSAL_FWD = {512: 191, 1024: 260, 2048: 298, 4096: 319, 8192: 333, 16384: 335}
+
+
+@pytest.mark.parametrize("name", ["h100-80g-dgx", "h200-141g-dgx"])
+def test_700w_profiles_run_fa2_at_its_published_speed(name):
+    dev = load_profile(name).device
+    for seq, tflops in FA2_CAUSAL_FWD.items():
+        assert attention_tflops(dev, seq, "bf16") == pytest.approx(tflops)
+    assert attention_tflops(dev, 131072, "bf16") == pytest.approx(335)  # flat beyond the last point
+    assert dev.attention.backward_ratio == pytest.approx(318 / 370, abs=0.005)
+
+
+def test_500w_profile_derates_attention_as_its_matmuls():
+    gt, dgx = load_profile("h100-96g-gt").device, load_profile("h100-80g-dgx").device
+    derate = gt.matmul.max_fraction["bf16"] / dgx.matmul.max_fraction["bf16"]
+    for seq in FA2_CAUSAL_FWD:
+        assert attention_tflops(gt, seq, "bf16") == pytest.approx(derate * attention_tflops(dgx, seq, "bf16"), rel=2e-3)
+    # between measured lengths: log-linear interpolation
+    mid = attention_tflops(gt, 3000, "bf16")
+    assert attention_tflops(gt, 2048, "bf16") < mid < attention_tflops(gt, 4096, "bf16")
