@@ -47,6 +47,9 @@ class Layout:
     # logits on the last stage): torch.distributed.pipelining before `return_outputs` (TorchTitan
     # 2024). The runtime passes return_outputs=False.
     pp_keeps_outputs: bool = False
+    # Whether keys and values reach attention expanded to every query head (TorchTitan 2024's repeat_kv
+    # before SDPA), so that context parallelism gathers and merges them at the query's width.
+    kv_repeated: bool = False
 
     @property
     def dp(self) -> int:
@@ -88,6 +91,11 @@ class Layout:
     def hidden_bytes_per_token(self) -> float:
         """The hidden state one token carries between blocks and stages (sequence-sharded under SP)."""
         return self.spec.dim * self.act_bytes / (self.tp if self.sp else 1)
+
+    @property
+    def cp_kv_dim(self) -> int:
+        """Width of the keys (or values) context parallelism moves per token, before TP."""
+        return self.spec.dim if self.kv_repeated else self.spec.kv_dim
 
     @property
     def n_stages(self) -> int:

@@ -97,7 +97,7 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
             mem.parts["pp_outputs"] = max(0.0, kept * unit - current)
     if lay.cp > 1:
         # All-gathered keys and values of one layer, for the whole sequence.
-        mem.parts["cp_buffers"] = 2 * lay.micro_batch * lay.seq_len * lay.spec.kv_dim / lay.tp * lay.act_bytes
+        mem.parts["cp_buffers"] = 2 * lay.micro_batch * lay.seq_len * lay.cp_kv_dim / lay.tp * lay.act_bytes
     if not _grads_live_at_peak(lay):
         # Without accumulation the peak is at the start of backward, before any gradient exists
         # (zero_grad sets them to None); gradients grow only as activations are freed.

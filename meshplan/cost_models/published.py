@@ -18,6 +18,8 @@ is assumed once here, and printed by `meshplan validate`:
   1F1B with 2 stages per rank split by TorchTitan's generate_split_points (126 layers over 8 stages:
   15, 16 x 6, 15), async TP only where listed. PyTorch's pipelining of Dec 2024 kept every
   micro-batch's stage output until the step ended, fp32 logits on the last stage (pp_keeps_outputs).
+  TorchTitan's Llama expanded K/V to every query head before SDPA (repeat_kv), so context parallelism
+  gathered and merged them at the query's width (kv_repeated).
 """
 
 from __future__ import annotations
@@ -150,7 +152,9 @@ def torchtitan_rows() -> list[PublishedRow]:
         )
         label = f"{r['table']}: {r['model']} {gpus} GPUs {r['parallelism']} seq {seq} | {tech}"
         tps = float(r["TPS/GPU"].replace(",", ""))
-        overrides: dict = {"pp_keeps_outputs": True} if pp > 1 else {}
+        overrides: dict = {"kv_repeated": True}
+        if pp > 1:
+            overrides["pp_keeps_outputs"] = True
         if r["activation checkpointing"] == "selective":
             overrides["sac_ops"] = TORCHTITAN_OP_POLICY
         rows.append(PublishedRow(f"TorchTitan H100 ({r['table']})", label, plan, "tokens_per_s_per_gpu", tps,

@@ -66,6 +66,8 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
         att_flops = attention_flops_per_token(spec, lay.seq_len, causal=True) * T / lay.tp
         att_fwd = att_flops / (attention_tflops(dev, lay.seq_len, lay.dtype) * 1e12) / eff
         att_bwd = ATTENTION_BWD_FACTOR * att_fwd / dev.attention.backward_ratio
+    ring_fwd, ring_bwd = _ring_attention_bookkeeping(lay, prof)
+    att_fwd, att_bwd = att_fwd + ring_fwd, att_bwd + ring_bwd
     elem_fwd, elem_bwd = elementwise_times(lay, prof)
     cast = 0.0
     if lay.float8:
@@ -198,11 +200,35 @@ def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSp
     return 2 * collective_time(prof, "all_reduce", payload, spans["tp"])
 
 
+# PyTorch's ring attention (context_parallel, as TorchTitan runs it) merges each non-local ring step's
+# partial output into the running one in fp32 and rebuilds the concatenated K/V every step. Bytes read
+# and written per element of the local query-side tensor (batch x local tokens x heads x head dim) or
+# key/value-side tensor, per ring step, from its forward and backward:
+# - forward, each of the cp - 1 non-local steps: the block output cast to fp32, the sigmoid-weighted
+#   update of the running output and its log-sum-exp, and the partial-update rebuild: ~50 per query
+#   element; torch.cat of the local K and V into one send buffer (read + write, 2 bytes): 8 per K/V element;
+# - backward, each of the cp steps: dQ accumulated in fp32 and its partial-update copy, ~20 per query
+#   element; dK and dV accumulated in fp32 and concatenated into the ring's send buffer, ~20 per K/V element.
+RING_FWD_BYTES = {"q": 50.0, "kv": 8.0}
+RING_BWD_BYTES = {"q": 20.0, "kv": 20.0}
+
+
+def _ring_attention_bookkeeping(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
+    """(forward, backward) seconds of ring attention's memory-bound merging, for one call of one block."""
+    if lay.cp == 1:
+        return 0.0, 0.0
+    q_elems = lay.tokens_per_micro * lay.spec.dim / lay.tp
+    kv_elems = lay.tokens_per_micro * lay.cp_kv_dim / lay.tp
+    fwd = (lay.cp - 1) * (RING_FWD_BYTES["q"] * q_elems + RING_FWD_BYTES["kv"] * kv_elems)
+    bwd = lay.cp * (RING_BWD_BYTES["q"] * q_elems + RING_BWD_BYTES["kv"] * kv_elems)
+    return memory_bound_time(prof.device, fwd), memory_bound_time(prof.device, bwd)
+
+
 def _cp_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> float:
     """One block's CP key/value all-gather (forward) for the full sequence."""
     if lay.cp == 1:
         return 0.0
-    payload = 2 * lay.micro_batch * lay.seq_len * lay.spec.kv_dim / lay.tp * lay.act_bytes
+    payload = 2 * lay.micro_batch * lay.seq_len * lay.cp_kv_dim / lay.tp * lay.act_bytes
     return collective_time(prof, "all_gather", payload, spans["cp"])
 
 

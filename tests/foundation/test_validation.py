@@ -32,3 +32,13 @@ def test_torchtitan_8k_fsdp_tp_rows_within_10_percent(results):
 def test_every_published_row_is_predicted_or_explained(results):
     for r in results:
         assert "error" in r or r.get("skipped")
+
+
+def test_torchtitan_mean_error_within_10_percent(results):
+    rows = [r for r in results if r["table"].startswith("TorchTitan")]
+    assert len(rows) == 18
+    mape = sum(abs(r["error"]) for r in rows) / len(rows)
+    assert mape <= 0.10, mape
+    memory = [r for r in rows if "memory_error" in r]
+    assert len(memory) == 18
+    assert sum(abs(r["memory_error"]) for r in memory) / len(memory) <= 0.07

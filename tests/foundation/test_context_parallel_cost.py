@@ -1,0 +1,66 @@
+"""Context parallelism by hand: ring attention's fp32 merging, and K/V at the query's width (repeat_kv)."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.cost_models.compute import attention_tflops, memory_bound_time
+from meshplan.cost_models.estimate import group_spans
+from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.memory import rank_memory
+from meshplan.cost_models.timing import block_time
+from meshplan.profiles.registry import load_profile
+from meshplan.specs.registry import resolve_model
+
+H100 = load_profile("h100-96g-gt")
+
+
+def _layout(cp: int, **kw) -> Layout:
+    base = dict(spec=resolve_model("llama3-8b"), gpus=8, seq_len=32768 * cp, global_batch=8 // cp, micro_batch=1,
+                dtype="bf16", dp_replicate=1, dp_shard=8 // cp, tp=1, sp=False, async_tp=False, pp=1,
+                schedule="1F1B", v=1, stage_layers=(32,), cp=cp, ac="full", sac_ops=None, float8=False,
+                reshard_after_forward=True, compile=True)
+    base.update(kw)
+    return Layout(**base)
+
+
+def _block(lay: Layout):
+    return block_time(lay, H100, group_spans(lay, H100))
+
+
+def test_ring_bookkeeping_by_hand():
+    """cp - 1 forward merges (50 B per query element, 8 per K/V element) and cp backward steps (20 and 20),
+    on top of the attention kernels, in forward, recompute and backward."""
+    lay = _layout(4)
+    same_tokens = replace(lay, cp=1, seq_len=32768, global_batch=2, dp_shard=8)
+    ring, no_ring = _block(lay), _block(same_tokens)
+    q, kv = 32768 * 4096, 32768 * 1024  # local tokens x query width, x key/value width
+    fwd = memory_bound_time(H100.device, 3 * (50 * q + 8 * kv))
+    bwd = memory_bound_time(H100.device, 4 * (20 * q + 20 * kv))
+    rate = attention_tflops(H100.device, 131072, "bf16") * 1e12
+    assert rate == attention_tflops(H100.device, 32768, "bf16") * 1e12  # both past the last point
+    kernel = 2 * (131072 - 32768) * 4096 * 32768 / rate  # causal forward: the keys grow 4x
+    assert ring.forward - no_ring.forward == pytest.approx(kernel + fwd, rel=1e-9)
+    assert ring.recompute - no_ring.recompute == pytest.approx(kernel + fwd, rel=1e-9)
+    kernel_bwd = 2.5 * kernel / H100.device.attention.backward_ratio
+    assert ring.backward_input - no_ring.backward_input == pytest.approx(kernel_bwd + bwd, rel=1e-9)
+
+
+def test_repeated_kv_widens_what_cp_moves_and_holds():
+    lay = _layout(8)
+    wide = replace(lay, kv_repeated=True)
+    assert (lay.cp_kv_dim, wide.cp_kv_dim) == (1024, 4096)
+    narrow_mem = rank_memory(lay, 0, 1.0, H100.overheads).parts["cp_buffers"]
+    wide_mem = rank_memory(wide, 0, 1.0, H100.overheads).parts["cp_buffers"]
+    assert narrow_mem == 2 * 262144 * 1024 * 2.0  # K and V of the whole sequence, one layer, bf16
+    assert wide_mem == 4 * narrow_mem
+    # the ring's K/V bookkeeping grows with the width: 8 B forward and 20 B backward per added element
+    added = 32768 * (4096 - 1024)
+    fwd = memory_bound_time(H100.device, 7 * 8 * added)
+    assert _block(wide).forward - _block(lay).forward == pytest.approx(fwd, rel=1e-9)
+
+
+def test_no_ring_without_cp():
+    lay = _layout(1)
+    assert _block(lay).cp_comm == 0.0
+    assert _block(replace(lay, kv_repeated=True)).forward == _block(lay).forward
