@@ -154,7 +154,7 @@ def profile_cache(prof: ClusterProfile) -> dict:
 def _block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     return ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
             lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.elementwise_kernels,
-            lay.kv_repeated, spans["tp"], spans["cp"])
+            lay.kv_repeated, lay.cp_attention, spans["tp"], spans["cp"])
 
 
 @dataclass

@@ -47,9 +47,12 @@ class Layout:
     # logits on the last stage): torch.distributed.pipelining before `return_outputs` (TorchTitan
     # 2024). The runtime passes return_outputs=False.
     pp_keeps_outputs: bool = False
-    # Whether keys and values reach attention expanded to every query head (TorchTitan 2024's repeat_kv
-    # before SDPA), so that context parallelism gathers and merges them at the query's width.
+    # Context parallelism only: whether keys and values reach attention expanded to every query head
+    # (TorchTitan 2024's repeat_kv before SDPA), so that CP gathers, holds and merges them at that width.
     kv_repeated: bool = False
+    # How CP computes attention: gather (all-gather K/V, one attention per rank, as meshplan's runtime
+    # does) | ring (PyTorch's context_parallel: a ring step per rank, each merged in fp32; TorchTitan).
+    cp_attention: str = "gather"
 
     @property
     def dp(self) -> int:

@@ -18,8 +18,9 @@ is assumed once here, and printed by `meshplan validate`:
   1F1B with 2 stages per rank split by TorchTitan's generate_split_points (126 layers over 8 stages:
   15, 16 x 6, 15), async TP only where listed. PyTorch's pipelining of Dec 2024 kept every
   micro-batch's stage output until the step ended, fp32 logits on the last stage (pp_keeps_outputs).
-  TorchTitan's Llama expanded K/V to every query head before SDPA (repeat_kv), so context parallelism
-  gathered and merged them at the query's width (kv_repeated).
+  TorchTitan's Llama expanded K/V to every query head before SDPA (repeat_kv), and its context
+  parallelism was PyTorch's ring attention, which gathered and merged them at that width
+  (kv_repeated, cp_attention="ring").
 """
 
 from __future__ import annotations
@@ -152,7 +153,7 @@ def torchtitan_rows() -> list[PublishedRow]:
         )
         label = f"{r['table']}: {r['model']} {gpus} GPUs {r['parallelism']} seq {seq} | {tech}"
         tps = float(r["TPS/GPU"].replace(",", ""))
-        overrides: dict = {"kv_repeated": True}
+        overrides: dict = {"kv_repeated": True, "cp_attention": "ring"}
         if pp > 1:
             overrides["pp_keeps_outputs"] = True
         if r["activation checkpointing"] == "selective":

@@ -203,7 +203,9 @@ def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSp
 # PyTorch's ring attention (context_parallel, as TorchTitan runs it) merges each non-local ring step's
 # partial output into the running one in fp32 and rebuilds the concatenated K/V every step. Bytes read
 # and written per element of the local query-side tensor (batch x local tokens x heads x head dim) or
-# key/value-side tensor, per ring step, from its forward and backward:
+# key/value-side tensor, per ring step, from its forward and backward, as a helper read torch's
+# _attention.py (2024 and 2.6 copies; a later read of 2.13 counts ~35 forward per query element and
+# ~44 backward per K/V element, which about cancel):
 # - forward, each of the cp - 1 non-local steps: the block output cast to fp32, the sigmoid-weighted
 #   update of the running output and its log-sum-exp, and the partial-update rebuild: ~50 per query
 #   element; torch.cat of the local K and V into one send buffer (read + write, 2 bytes): 8 per K/V element;
@@ -215,7 +217,7 @@ RING_BWD_BYTES = {"q": 20.0, "kv": 20.0}
 
 def _ring_attention_bookkeeping(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
     """(forward, backward) seconds of ring attention's memory-bound merging, for one call of one block."""
-    if lay.cp == 1:
+    if lay.cp == 1 or lay.cp_attention != "ring":
         return 0.0, 0.0
     q_elems = lay.tokens_per_micro * lay.spec.dim / lay.tp
     kv_elems = lay.tokens_per_micro * lay.cp_kv_dim / lay.tp

@@ -31,7 +31,7 @@ def _block(lay: Layout):
 def test_ring_bookkeeping_by_hand():
     """cp - 1 forward merges (50 B per query element, 8 per K/V element) and cp backward steps (20 and 20),
     on top of the attention kernels, in forward, recompute and backward."""
-    lay = _layout(4)
+    lay = _layout(4, cp_attention="ring")
     same_tokens = replace(lay, cp=1, seq_len=32768, global_batch=2, dp_shard=8)
     ring, no_ring = _block(lay), _block(same_tokens)
     q, kv = 32768 * 4096, 32768 * 1024  # local tokens x query width, x key/value width
@@ -46,8 +46,16 @@ def test_ring_bookkeeping_by_hand():
     assert ring.backward_input - no_ring.backward_input == pytest.approx(kernel_bwd + bwd, rel=1e-9)
 
 
+def test_gather_attention_has_no_ring_bookkeeping():
+    """meshplan's runtime gathers K/V and attends once: the kernels grow with the keys, nothing else."""
+    gather, ring = _block(_layout(4)), _block(_layout(4, cp_attention="ring"))
+    q, kv = 32768 * 4096, 32768 * 1024
+    assert ring.forward - gather.forward == pytest.approx(memory_bound_time(H100.device, 3 * (50 * q + 8 * kv)))
+    assert ring.cp_comm == gather.cp_comm
+
+
 def test_repeated_kv_widens_what_cp_moves_and_holds():
-    lay = _layout(8)
+    lay = _layout(8, cp_attention="ring")
     wide = replace(lay, kv_repeated=True)
     assert (lay.cp_kv_dim, wide.cp_kv_dim) == (1024, 4096)
     narrow_mem = rank_memory(lay, 0, 1.0, H100.overheads).parts["cp_buffers"]
@@ -58,6 +66,8 @@ def test_repeated_kv_widens_what_cp_moves_and_holds():
     added = 32768 * (4096 - 1024)
     fwd = memory_bound_time(H100.device, 7 * 8 * added)
     assert _block(wide).forward - _block(lay).forward == pytest.approx(fwd, rel=1e-9)
+    # the exposed K/V all-gather moves 4x the bytes (NVLink inside the node: latency is small against it)
+    assert _block(wide).cp_comm / _block(lay).cp_comm == pytest.approx(4.0, rel=0.01)
 
 
 def test_no_ring_without_cp():
