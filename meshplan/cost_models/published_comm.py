@@ -25,6 +25,9 @@ COLLECTIVES = {"all_reduce": "all_reduce", "all-reduce": "all_reduce", "all-gath
                "reduce-scatter": "reduce_scatter"}
 
 
+NVLS_OFF = "NVLS turned off (ring): the profile's all-reduce line is NCCL's default on a full node, NVLS"
+
+
 @dataclass
 class CollectiveRow:
     table: str
@@ -89,8 +92,7 @@ def measured_point_rows() -> list[CollectiveRow]:
     for r in read_published_csv("comm_measured_collective_points.csv"):
         bench, system = r["benchmark / collective"], r["system"]
         label = f"{r['GPUs']} GPUs, {r['payload']}, {r['algorithm']}: {bench} on {system}"
-        kind = next((c for name, c in COLLECTIVES.items() if name in bench.replace("all_reduce_bench", "all_reduce")),
-                    None)
+        kind = next((c for name, c in COLLECTIVES.items() if name in bench), None)
         size, cluster = _bytes(r["payload"]), _point_cluster(system)
         try:
             value = float(r["busbw or bandwidth (GB/s)"])
@@ -112,7 +114,6 @@ def measured_point_rows() -> list[CollectiveRow]:
     return rows
 
 
-NVLS_OFF = "NVLS turned off (ring): the profile's all-reduce line is NCCL's default on a full node, NVLS"
 # GTC slide configurations with a built-in profile of the same fabric and NCCL default algorithm.
 GTC_FABRICS = {"NVLink3 (A100)": "a100-80g-dgx", "NVLink4 SHARP (H100)": "h100-80g-dgx",
                "NVLink5 SHARP (B200)": "b200-180g-dgx", "NVL3 + 8x 200Gb RDMA (DGX A100)": "a100-80g-dgx",

@@ -99,10 +99,11 @@ def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile) -> None:
     bt.recompute += r.seconds(o)
 
 
-# Eager attention passes over the (heads x s x s) scores, in elements read or written. Forward:
-# scale-mask-softmax reads the scores and writes the probabilities (2), dropout reads them and writes
-# its output and a 1-byte mask (2.5, counting the mask as half a 2-byte pass). Backward: dropout's reads the gradient and the mask and writes
-# (2.5), softmax's reads the gradient and the probabilities and writes (3).
+# Eager attention passes over the (heads x s x s) scores, in elements read or written (a 1-byte mask
+# counts as half a 2-byte pass). Forward: scale-mask-softmax reads the scores and writes the
+# probabilities (2), dropout reads them and writes its output and a mask (2.5). Backward: dropout's
+# reads the gradient and the mask and writes (2.5), softmax's reads the gradient and the
+# probabilities and writes (3).
 EAGER_SCORE_PASSES_FWD = 4.5
 EAGER_SCORE_PASSES_BWD = 5.5
 
@@ -171,11 +172,12 @@ def _pytorch_elementwise_bytes(lay: Layout) -> float:
 
 
 # Megatron-LM's hand-fused kernels, passes per element (activation-size units; a 1-byte dropout mask
-# is half a pass of 2-byte activations). Forward: fused LayerNorm reads and writes (2, twice); bias-dropout-add reads the
-# input and the residual and writes the sum and the mask (3.5, twice); bias-GeLU reads and writes (2);
-# the attention context's permute to [s, b, h] copies it (2). Backward: LayerNorm reads the gradient
-# and the input and writes (3, twice); dropout-add reads the gradient and the mask and writes (2.5,
-# twice); GeLU reads the gradient and its input and writes (3); the permute copies back (2).
+# is half a pass of 2-byte activations). Forward: fused LayerNorm reads and writes (2, twice);
+# bias-dropout-add reads the input and the residual and writes the sum and the mask (3.5, twice);
+# bias-GeLU reads and writes (2); the attention context's permute to [s, b, h] copies it (2).
+# Backward: LayerNorm reads the gradient and the input and writes (3, twice); dropout-add reads the
+# gradient and the mask and writes (2.5, twice); GeLU reads the gradient and its input and writes
+# (3); the permute copies back (2).
 MEGATRON_PASSES = {"norm": (2, 3), "dropout_add": (3.5, 2.5), "gelu": (2, 3), "permute": (2, 2)}
 
 
