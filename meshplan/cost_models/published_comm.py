@@ -18,9 +18,8 @@ from meshplan.cost_models.comm import GroupSpan, bus_factor, collective_time
 from meshplan.cost_models.published import read_published_csv
 from meshplan.profiles.registry import load_profile
 
-GIB = 1 << 30
-PLATEAU_BYTES = 8 * GIB
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+PLATEAU_BYTES = 8 * UNITS["GiB"]
 COLLECTIVES = {"all_reduce": "all_reduce", "all-reduce": "all_reduce", "all-gather": "all_gather",
                "reduce-scatter": "reduce_scatter"}
 
