@@ -73,8 +73,8 @@ def solve_sac_ilp(items: SacItems, budget_bytes_per_token: float) -> tuple[str, 
     if items.base_bytes_per_token > budget_bytes_per_token * (1 + 1e-12):
         return None
     prob = pulp.LpProblem("sac", pulp.LpMinimize)
-    x = {k: pulp.LpVariable(f"save_{k}", cat="Binary") for k in items.kinds}
-    y = pulp.LpVariable("any_recompute", cat="Binary")
+    x = {k: prob.add_variable(f"save_{k}", cat="Binary") for k in items.kinds}
+    y = prob.add_variable("any_recompute", cat="Binary")
     # Scale to well-conditioned units (microseconds, bytes relative to the budget).
     scale_t = 1e6
     eps = 1e-9  # prefer fewer saved bytes among equal-time choices
@@ -86,7 +86,9 @@ def solve_sac_ilp(items: SacItems, budget_bytes_per_token: float) -> tuple[str, 
     for k in items.kinds:
         if items.recompute_s[k] > 0:
             prob += y >= 1 - x[k]
-    status = prob.solve(pulp.PULP_CBC_CMD(msg=False))
+    # COIN_CMD runs the CBC binary that `pulp[cbc]` installs (cbcbox); PuLP 3.3 deprecates its
+    # bundled PULP_CBC_CMD.
+    status = prob.solve(pulp.COIN_CMD(msg=False))
     if pulp.LpStatus[status] != "Optimal":
         return None
     return _canonical(tuple(k for k in items.kinds if (x[k].value() or 0.0) > 0.5))
