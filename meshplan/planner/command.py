@@ -19,7 +19,6 @@ from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import plan_from_dict
 
 DEFAULT_CLUSTER = "h100-80g-dgx"
-DEFAULT_SEQ_LEN = 8192
 SECTIONS = ("training", "parallel", "memory")
 
 
@@ -43,7 +42,8 @@ def parse_assignment(text: str, flag: str) -> tuple[str, Any]:
 def build_plan_mapping(args) -> dict[str, Any]:
     data: dict[str, Any] = {
         "version": 1, "model": args.model, "cluster": args.cluster, "gpus": args.gpus,
-        "training": {"seq_len": args.seq_len, "global_batch": args.global_batch if args.global_batch else AUTO},
+        # dtype auto: bf16 where the device has a bf16 peak, else fp32 (a CPU profile).
+        "training": {"seq_len": args.seq_len or AUTO, "global_batch": args.global_batch or AUTO, "dtype": AUTO},
         "parallel": {}, "memory": {}, "compile": AUTO,
     }
     for text in args.fix:
@@ -73,9 +73,11 @@ def parser() -> ArgumentParser:
     ap.add_argument("--model", required=True, help="model name (meshplan models), model YAML or HF config.json")
     ap.add_argument("--gpus", required=True, type=int, help="world size")
     ap.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"profile name or path (default {DEFAULT_CLUSTER})")
-    ap.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"sequence length (default {DEFAULT_SEQ_LEN})")
+    ap.add_argument("--seq-len", type=int, default=None,
+                    help="sequence length (default: the model's context, at most 8192)")
     ap.add_argument("--global-batch", type=int, default=None,
-                    help="sequences per optimizer step (default: the largest power of two <= 4M tokens)")
+                    help="sequences per optimizer step (default: 16k tokens per GPU, at most 16M; "
+                         "about a second of work per step on a CPU profile)")
     ap.add_argument("--fix", action="append", default=[], metavar="KEY=VALUE",
                     help="pin a plan field, e.g. --fix parallel.tp=8 --fix memory.float8=false (repeatable)")
     ap.add_argument("--exclude", action="append", default=[], metavar="KEY=VALUE",
@@ -94,7 +96,7 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.gpus < 1:
         raise InputError("--gpus", f"must be >= 1, got {args.gpus}")
-    if args.seq_len < 1:
+    if args.seq_len is not None and args.seq_len < 1:
         raise InputError("--seq-len", f"must be >= 1, got {args.seq_len}")
     if args.global_batch is not None and args.global_batch < 1:
         raise InputError("--global-batch", f"must be >= 1, got {args.global_batch}")
@@ -147,7 +149,7 @@ def _version_warnings(profile) -> list[str]:
 
 
 def _nothing_fits(result: SearchResult, plan, profile, args) -> int:
-    lines = what_would_fit(result, plan, profile, args.jobs)
+    lines = what_would_fit(result, result.base_plan, profile, args.jobs)
     if args.json:
         json.dump({"best": None, "search": _search_json(result), "what_would_fit": lines}, sys.stdout, indent=2)
         print()

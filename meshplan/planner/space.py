@@ -25,10 +25,10 @@ from typing import Any
 
 from meshplan.errors import InputError
 from meshplan.fields import AUTO
+from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
 
-TOKENS_PER_STEP = 4 * 1024 * 1024  # default global batch: ~4M tokens, as Llama 3 pre-training
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
 SAC_ILP = "ilp"  # selective AC with the op kinds the SAC ILP chooses under the memory budget
 EVEN = "even"
@@ -53,14 +53,6 @@ def memoized(method):
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def default_global_batch(seq_len: int) -> int:
-    """Largest power of two with global_batch * seq_len <= 4M tokens (at least 1)."""
-    b = 1
-    while 2 * b * seq_len <= TOKENS_PER_STEP:
-        b *= 2
-    return b
 
 
 @dataclass(frozen=True)
@@ -94,19 +86,23 @@ class Space:
     def from_plan(cls, plan: Plan, profile: ClusterProfile, excludes: dict[str, list[Any]] | None = None) -> "Space":
         t = plan.training
         notes = []
-        if t.seq_len == AUTO:
-            raise InputError("training.seq_len", "cannot be 'auto': it defines the workload to plan for")
-        gb = t.global_batch
-        if gb == AUTO:
-            gb = default_global_batch(t.seq_len)
-            notes.append(f"global_batch = {gb} sequences ({gb * t.seq_len:,} tokens): the largest power of two "
-                         f"<= 4M tokens at seq_len {t.seq_len}; plans whose dp*micro_batch does not divide it are rejected")
         dtype = t.dtype
         if dtype == AUTO:
             dtype = "bf16" if "bf16" in profile.device.peak_tflops else "fp32"
+        seq_len = t.seq_len
+        if seq_len == AUTO:
+            seq_len, note = default_seq_len(plan.model)
+            notes.append(note)
+        gb = t.global_batch
+        if gb == AUTO:
+            gb, note = default_global_batch(plan.model, seq_len, plan.gpus, profile, dtype)
+            notes.append(note)
+        # The workload is fixed from here on: what the search (and any re-search) plans for.
+        plan = plan.copy()
+        plan.training.seq_len, plan.training.global_batch = seq_len, gb
         if plan.gpus > profile.devices_per_node * profile.max_nodes:
             raise InputError("gpus", f"{plan.gpus} exceeds the cluster's {profile.devices_per_node} x {profile.max_nodes} devices")
-        return cls(plan, profile, t.seq_len, gb, dtype, notes, dict(excludes or {}))
+        return cls(plan, profile, seq_len, gb, dtype, notes, dict(excludes or {}))
 
     # -- helpers ---------------------------------------------------------------------------
     def _opts(self, key: str, value: Any, searched: list[Any]) -> list[Any]:

@@ -70,6 +70,49 @@ def _knobs(lay) -> str:
     return f"mb {lay.micro_batch}{pp}; AC {lay.ac}{sac}; {' '.join(flags)}"
 
 
+# Plan fields the table shows in its own columns or in `knobs`; any other field is shown where it
+# differs among the rows, so that no two rows look the same.
+SHOWN_FIELDS = frozenset({
+    "parallel.dp_replicate", "parallel.dp_shard", "parallel.cp", "parallel.tp", "parallel.pp",
+    "parallel.pp_schedule", "parallel.pp_virtual_stages", "parallel.sequence_parallel", "parallel.async_tp",
+    "training.micro_batch", "memory.activation_checkpointing", "memory.sac_ops", "memory.float8",
+    "memory.reshard_after_forward", "compile",
+})
+
+
+# `placement` follows from the degrees and mesh_order: it never tells two rows apart on its own.
+DERIVED_SECTIONS = ("placement",)
+
+
+def _flat_fields(plan: Plan) -> dict[str, str]:
+    """Every plan field as section.field -> its value as text; mesh_order lists only the dims of
+    degree > 1 (the order of size-1 dims changes nothing)."""
+    d = plan.to_dict()
+    out = {}
+    for key, value in d.items():
+        if key in DERIVED_SECTIONS:
+            continue
+        if key == "mesh_order":
+            value = [dim for dim in value if getattr(plan.parallel, dim, 1) > 1]
+        items = value.items() if isinstance(value, dict) and key != "model" else [(None, value)]
+        for name, v in items:
+            text = ">".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+            out[key if name is None else f"{key}.{name}"] = text
+    return out
+
+
+def differing_fields(plans: list[Plan]) -> list[str]:
+    """Fields outside SHOWN_FIELDS whose values are not the same in every one of `plans`."""
+    flats = [_flat_fields(p) for p in plans]
+    keys = dict.fromkeys(k for f in flats for k in f)
+    return [k for k in keys if k not in SHOWN_FIELDS and len({f.get(k) for f in flats}) > 1]
+
+
+def format_gib(value: float) -> str:
+    """GiB to one decimal, or three significant digits below 10 GiB (tiny models on CPU)."""
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+
+
 def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, candidates: Path, report: Path | None) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -82,13 +125,16 @@ def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, cand
         console.print(f"[yellow]warning: {w}[/yellow]")
     table = Table(title=f"{base.model.name} on {base.gpus} x {profile.device.name} ({profile.name}), "
                         f"seq {result.ranked[0].layout.seq_len}, global batch {result.ranked[0].layout.global_batch}")
-    for col in ("#", "tok/s/GPU", "MFU", "step s", "peak GiB", "dp_rep", "dp_shard", "cp", "tp", "pp", "knobs"):
-        table.add_column(col, justify="right" if col not in ("knobs",) else "left")
-    for i, c in enumerate(result.ranked, 1):
+    plans = [c.to_plan(base) for c in result.ranked]
+    extra = differing_fields(plans)
+    for col in ("#", "tok/s/GPU", "MFU", "step s", "peak GiB", "dp_rep", "dp_shard", "cp", "tp", "pp", "knobs", *extra):
+        table.add_column(col, justify="right" if col not in ("knobs", *extra) else "left")
+    for i, (c, plan) in enumerate(zip(result.ranked, plans), 1):
         e, lay = c.estimate, c.layout
+        flat = _flat_fields(plan)
         table.add_row(str(i), f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu:.1%}", f"{e.step_time_s:.3f}",
-                      f"{e.peak_memory_gib:.1f}", str(lay.dp_replicate), str(lay.dp_shard), str(lay.cp), str(lay.tp),
-                      str(lay.pp), _knobs(lay))
+                      format_gib(e.peak_memory_gib), str(lay.dp_replicate), str(lay.dp_shard), str(lay.cp),
+                      str(lay.tp), str(lay.pp), _knobs(lay), *(flat.get(k, "") for k in extra))
     console.print(table)
     n = result.counts()
     console.print(f"searched {n['space']:,} plans in {result.search_time_s:.2f} s: {n['scored_exactly']:,} scored "

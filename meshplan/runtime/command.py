@@ -232,4 +232,9 @@ def main(argv: list[str]) -> int:
         return 0
     from meshplan.runtime.launcher import launch
 
-    return launch(request.launch, request.worker_argv())
+    code = launch(request.launch, request.worker_argv())
+    if code == 0 and request.opts.out and not request.opts.quiet:
+        from meshplan.reports.run_summary import print_run_summary
+
+        print_run_summary(request.opts.out)
+    return code

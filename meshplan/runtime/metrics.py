@@ -118,7 +118,7 @@ class StepMetrics:
     memory_tracked: bool
 
     def line(self) -> str:
-        mfu = f"{self.mfu:.2e}" if self.mfu is not None else "n/a"
+        mfu = f"{self.mfu:.1%}" if self.mfu is not None else "n/a"
         mem = f"{self.peak_memory_gib * 1024:.2f} MiB" if self.peak_memory_gib is not None else "n/a"
         return (f"step {self.step:5d}  loss {self.loss:.5f}  grad_norm {self.grad_norm:.3f}  lr {self.lr:.2e}  "
                 f"step {self.step_time_s * 1000:.1f} ms  {self.tokens_per_s_per_gpu:,.0f} tok/s/gpu  "

@@ -163,7 +163,7 @@ def _parse_training(raw: Any) -> TrainingSpec:
         seq_len=as_int(raw.get("seq_len", d.seq_len), "training.seq_len", 1, allow_auto=True),
         global_batch=as_int(raw.get("global_batch", d.global_batch), "training.global_batch", 1, allow_auto=True),
         micro_batch=as_int(raw.get("micro_batch", d.micro_batch), "training.micro_batch", 1, allow_auto=True),
-        dtype=as_choice(raw.get("dtype", d.dtype), "training.dtype", DTYPES),
+        dtype=as_choice(raw.get("dtype", d.dtype), "training.dtype", DTYPES, allow_auto=True),
     )
 
 

@@ -38,7 +38,7 @@ def worker_use(monkeypatch):
 
 @pytest.mark.timeout(300)
 def test_two_processes_find_the_plans_one_finds(worker_use):
-    plan = make_plan("small", 512, 512, None, "h100-80g-dgx", ())
+    plan = make_plan("small", 512, 512, 8192, "h100-80g-dgx", ())  # 4M tokens
     one = search(plan, PROFILE, top_k=5, jobs=1)
     two = search(plan, PROFILE, top_k=5, jobs=2)
     assert worker_use == [False, True]

@@ -1,0 +1,61 @@
+"""The workload `meshplan plan` assumes where the user leaves it open: sequence length and global
+batch. Each default is printed among the search's assumptions, with the rule that gave it."""
+
+from __future__ import annotations
+
+from meshplan.cost_models.compute import matmul_tflops
+from meshplan.cost_models.flops import model_flops_per_token
+from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.model import ModelSpec
+
+# Llama 3 pre-trains at 8,192 tokens and reaches its 128k context in a later, separate stage
+# (Llama 3 paper, arXiv:2407.21783, sections 3.4.1-3.4.2); TorchTitan's Llama 3.1 runs use 8,192.
+PRETRAIN_SEQ_LEN = 8192
+# TorchTitan's published Llama 3.1 H100 runs give every GPU 16k tokens a step: 8B on 8 and on 128
+# GPUs at local batch 2 x 8,192, 70B on 256 GPUs at global batch 512 x 8,192
+# (shared/data/published/torchtitan_llama31_h100_2024-12.csv, Tables 1, 3 and 4).
+TOKENS_PER_DEVICE = 16 * 1024
+# Llama 3 405B's largest batch: 16M tokens on 16k GPUs (Llama 3 paper, section 3.4.1).
+MAX_TOKENS_PER_STEP = 16 * 1024 * 1024
+# A host CPU is ~10^4 times slower than a GPU: a GPU token budget would step for hours. A CPU
+# profile gets about one second of matmul work per step at the profile's measured matmul rate.
+HOST_STEP_S = 1.0
+
+
+def is_host_cpu(profile: ClusterProfile) -> bool:
+    """A profile of CPU processes (gloo on a host): no half-precision peak, as profile-cluster writes it."""
+    peaks = profile.device.peak_tflops
+    return "bf16" not in peaks and "fp16" not in peaks
+
+
+def default_seq_len(spec: ModelSpec) -> tuple[int, str]:
+    """The model's context, at most the pre-training length; with the note that says so."""
+    seq = min(spec.max_seq_len, PRETRAIN_SEQ_LEN)
+    why = ("the model's context" if seq == spec.max_seq_len
+           else f"the pre-training length {PRETRAIN_SEQ_LEN:,} (the model's context is {spec.max_seq_len:,})")
+    return seq, f"seq_len = {seq:,}: {why}; set --seq-len to change it"
+
+
+def default_global_batch(spec: ModelSpec, seq_len: int, gpus: int, profile: ClusterProfile,
+                         dtype: str) -> tuple[int, str]:
+    """Sequences per step: a GPU cluster gets TorchTitan's 16k tokens per GPU (at most Llama 3's
+    16M a step); a CPU profile about HOST_STEP_S of matmul work. Rounded down to a power of two."""
+    if is_host_cpu(profile):
+        # The rate of the model's largest matmul (a sequence through the FFN input), as measured.
+        rate = matmul_tflops(profile.device, seq_len, spec.ffn_dim, spec.dim, dtype) * 1e12
+        tokens = HOST_STEP_S * rate * gpus / model_flops_per_token(spec, seq_len)
+        rule = f"about {HOST_STEP_S:g} s of matmul work per step on this CPU profile"
+    else:
+        tokens = min(TOKENS_PER_DEVICE * gpus, MAX_TOKENS_PER_STEP)
+        rule = (f"{TOKENS_PER_DEVICE // 1024}k tokens per GPU as TorchTitan's Llama 3.1 runs, "
+                f"at most {MAX_TOKENS_PER_STEP // 2**20}M as Llama 3")
+    batch = _power_of_two_at_most(max(1.0, tokens / seq_len))
+    return batch, (f"global_batch = {batch:,} sequences ({batch * seq_len:,} tokens): {rule}; "
+                   "plans whose dp*micro_batch does not divide it are rejected; set --global-batch to change it")
+
+
+def _power_of_two_at_most(x: float) -> int:
+    b = 1
+    while 2 * b <= x:
+        b *= 2
+    return b
