@@ -13,7 +13,7 @@ from meshplan.argparsing import ArgumentParser
 from meshplan.errors import InputError
 from meshplan.fields import AUTO
 from meshplan.planner.search import SearchResult, search
-from meshplan.planner.summary import print_summary, what_would_fit, write_candidates
+from meshplan.planner.summary import print_summary, what_would_fit, write_candidates, write_search_counts
 from meshplan.planner.workers import DEFAULT_MAX_JOBS
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import plan_from_dict
@@ -117,6 +117,7 @@ def main(argv: list[str]) -> int:
     best_plan = result.best_plan()
     best_plan.save(out, estimate=result.best.estimate.summary())
     candidates = write_candidates(result, out)
+    write_search_counts(result, out)
     report = None
     if args.report:
         from meshplan.reports.command import write_report_for_search

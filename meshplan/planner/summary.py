@@ -13,12 +13,9 @@ from meshplan.cost_models.flops import model_flops_per_token
 from meshplan.cost_models.memory import GIB
 from meshplan.planner.search import Candidate, SearchResult
 from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.outputs import candidates_path, search_counts_path
 from meshplan.specs.plan import Plan
-from meshplan.yamlio import atomic_write_text
-
-
-def candidates_path(out: Path) -> Path:
-    return out.with_name(f"{out.stem}.candidates.csv")
+from meshplan.yamlio import atomic_write_json, atomic_write_text
 
 
 def candidate_row(c: Candidate, base: Plan, profile: ClusterProfile, rank: int | None) -> dict[str, Any]:
@@ -57,6 +54,17 @@ def write_candidates(result: SearchResult, out: Path) -> Path:
     writer.writerows(rows)
     path = candidates_path(out)
     atomic_write_text(path, text.getvalue())
+    return path
+
+
+def write_search_counts(result: SearchResult, out: Path) -> Path:
+    """The search's accounting beside the plan (<stem>.search.json), so a report counts as the summary does."""
+    from meshplan.planner.constraints import NO_FIT
+
+    counts = result.counts()
+    counts["rejected_for_memory"] = result.rejections.get(NO_FIT, 0)
+    path = search_counts_path(out)
+    atomic_write_json(path, counts)
     return path
 
 

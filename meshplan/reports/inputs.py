@@ -15,6 +15,7 @@ from meshplan.errors import InputError
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.reports.schedule import check_schedule, pipeline_schedule
+from meshplan.specs.outputs import candidates_path, search_counts_path
 from meshplan.specs.plan import Plan, load_plan, plan_from_dict
 
 PLAN_SUFFIXES = (".yaml", ".yml", ".json")
@@ -51,6 +52,7 @@ class Config:
     schedule: ScheduleResult | None = None
     profile: ClusterProfile | None = None
     candidates: pd.DataFrame | None = None
+    search_counts: dict[str, Any] | None = None  # the planner's <stem>.search.json, when it wrote one
     run: RunData | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -77,11 +79,6 @@ def load_input(path: Path) -> Config:
     return load_plan_input(path)
 
 
-def candidates_path(plan_path: Path) -> Path:
-    """Where the planner writes the candidates of the search that chose `plan_path`."""
-    return plan_path.with_name(f"{plan_path.stem}.candidates.csv")
-
-
 def load_plan_input(path: Path) -> Config:
     plan = load_plan(path)
     profile, est, schedule = estimate_complete(plan, str(path))
@@ -92,6 +89,9 @@ def load_search(plan_path: Path, candidates_csv: Path) -> Config:
     config = load_plan_input(Path(plan_path))
     config.kind = "search"
     config.candidates = read_candidates(Path(candidates_csv))
+    counts = search_counts_path(Path(plan_path))
+    if counts.is_file():
+        config.search_counts = _read_json(counts)
     return config
 
 

@@ -84,10 +84,23 @@ def memory_figure(configs: list[Config]) -> Figure:
         ax.set_xticks(x)
     axes[0][0].set_ylabel("GiB per GPU")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    legend_height = figure_legend_below(fig, handles, labels)
     fig.suptitle("Peak memory per pipeline rank")
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
+    fig.tight_layout(rect=(0, legend_height, 1, 1))
     return fig
+
+
+def figure_legend_below(fig: Figure, handles: list, labels: list[str], max_columns: int = 5) -> float:
+    """A figure legend under the panels with as many columns as fit the figure's width (a one-panel
+    figure is narrow); returns the share of the figure's height it takes."""
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(min(max_columns, len(labels)), 0, -1):
+        legend = fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+        box = legend.get_window_extent(renderer)
+        if box.width <= fig.bbox.width * 0.98 or ncol == 1:
+            return box.height / fig.bbox.height + 0.02
+        legend.remove()
+    return 0.0
 
 
 def pareto_frontier(frame: pd.DataFrame) -> pd.DataFrame:
@@ -106,7 +119,10 @@ def search_figure(config: Config) -> Figure:
     frame = config.candidates
     fig, ax = plt.subplots(figsize=(8, 5))
     fits, over = frame[frame["fits"]], frame[~frame["fits"]]
-    ax.scatter(over["peak_memory_gib"], over["tokens_per_s_per_gpu"], s=10, color="lightgrey", label=f"does not fit ({len(over)})", gid="infeasible")
+    counts = config.search_counts or {}
+    more = counts.get("rejected_for_memory")
+    over_label = f"does not fit ({len(over):,} scored" + (f"; {more:,} more rejected by the search)" if more else ")")
+    ax.scatter(over["peak_memory_gib"], over["tokens_per_s_per_gpu"], s=10, color="lightgrey", label=over_label, gid="infeasible")
     ax.scatter(fits["peak_memory_gib"], fits["tokens_per_s_per_gpu"], s=12, color="tab:blue", alpha=0.6, label=f"fits ({len(fits)})", gid="feasible")
     front = pareto_frontier(frame)
     ax.plot(front["peak_memory_gib"], front["tokens_per_s_per_gpu"], "-o", color="tab:orange", markersize=4, drawstyle="steps-post", label="Pareto frontier", gid=FRONTIER_GID)
@@ -115,7 +131,9 @@ def search_figure(config: Config) -> Figure:
     ax.axvline(est.usable_memory_gib, color="crimson", linestyle="--", linewidth=1, label="usable memory")
     ax.set_xlabel("peak memory per GPU (GiB)")
     ax.set_ylabel("tokens/s per GPU")
-    ax.set_title(f"Planner search: {len(frame)} candidates")
+    space = counts.get("space")
+    ax.set_title(f"Planner search: {len(frame):,} candidates scored exactly"
+                 + (f" of {space:,} plans searched" if space else ""))
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig

@@ -127,3 +127,37 @@ def test_run_figure_plots_the_metrics(run_dir: Path):
     assert list(lines["throughput"].get_ydata()) == pytest.approx(list(m["tokens_per_s_per_gpu"]))
     assert lines["predicted-throughput"].get_ydata()[0] == pytest.approx(1000.0)
     plt.close(fig)
+
+
+def _legends(fig):
+    return list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+
+
+@pytest.mark.parametrize("n_configs", [1, 3])
+def test_legends_lie_inside_the_figure(configs, n_configs):
+    """A one-plan memory figure is narrow: its legend used to be clipped ("le (78.5 GiB)")."""
+    chosen = configs[:n_configs]
+    for make in (plots.memory_figure, plots.time_breakdown_figure):
+        fig = make(chosen)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        legends = _legends(fig)
+        assert legends, make.__name__
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            assert box.x0 >= -1 and box.y0 >= -1, (make.__name__, box)
+            assert box.x1 <= fig.bbox.x1 + 1 and box.y1 <= fig.bbox.y1 + 1, (make.__name__, box, fig.bbox)
+        plt.close(fig)
+
+
+def test_search_figure_counts_what_the_search_rejected_for_memory(search_output):
+    plan_path, _ = search_output
+    config = load_input(plan_path)
+    config.search_counts = {"space": 50_000, "rejected_for_memory": 46_550}
+    fig = plots.search_figure(config)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    over = next(t for t in labels if t.startswith("does not fit"))
+    assert "46,550 more rejected by the search" in over
+    assert "of 50,000 plans searched" in ax.get_title()
+    plt.close(fig)
