@@ -96,8 +96,9 @@ def metrics_table(configs: list[Config]) -> pd.DataFrame:
         est = c.estimate
         col = {label: (getattr(est, key) if est else None) for key, label in SUMMARY_METRICS.items()}
         col["pipeline bubble fraction"] = est.pipeline.get("bubble_fraction") if est else None
-        col["peak memory per pp rank (GiB)"] = (
-            ", ".join(f"{r['total']:.4g}" for r in est.per_rank_memory_gib) if est else None)
+        # Every rank's parts are drawn in the memory figure; the table names the rank that peaks.
+        top = max(est.per_rank_memory_gib, key=lambda r: r["total"]) if est and est.per_rank_memory_gib else None
+        col["pp rank with the peak (see the memory figure)"] = int(top["pp_rank"]) if top else None
         cols[c.name] = col
     return pd.DataFrame(cols)
 
