@@ -58,17 +58,19 @@ def build_optimizers(parts: list[nn.Module], opts: RunOptions) -> tuple[list, li
     return optimizers, schedulers
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None) -> float:
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None,
+                   device: torch.device) -> float:
     """Clip by the global L2 norm over every parameter of the model, wherever it lives.
 
     DTensor gradients (TP/FSDP shards) give their full-tensor norm per mesh; pipeline ranks hold
-    disjoint parameters, so squared norms are summed over the pp group.
+    disjoint parameters, so squared norms are summed over the pp group (on `device`, so that a
+    rank without gradients still joins the all-reduce with a tensor its backend can send).
     """
     grads = [p.grad for p in params if p.grad is not None]
     by_mesh: dict[Any, list[torch.Tensor]] = {}
     for g in grads:
         by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
-    sq = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    sq = torch.zeros((), dtype=torch.float32, device=device)
     for group in by_mesh.values():
         norm = torch.nn.utils.get_total_norm(group, 2.0)
         if isinstance(norm, DTensor):
@@ -133,7 +135,8 @@ class Trainer:
                 return None
             return sum(_local(l) for l in losses)
         model, mb = self.model.parts[0], self.plan.training.micro_batch
-        total = torch.zeros(())
+        # On the model's device: a CPU accumulator plus a CUDA loss fails at the first step.
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
         for i in range(self.n_micro):
             sl = slice(i * mb, (i + 1) * mb)
             with self._loss_ctx():
@@ -149,7 +152,7 @@ class Trainer:
         targets = shard_sequence(targets, self.model.seq_layout).to(self.device)
         loss_sum = self._forward_backward(inputs, targets)
         pp_group = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
-        grad_norm = clip_grad_norm(self.params, self.opts.max_grad_norm, pp_group)
+        grad_norm = clip_grad_norm(self.params, self.opts.max_grad_norm, pp_group, self.device)
         for opt in self.optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
