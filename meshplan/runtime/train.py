@@ -188,7 +188,7 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
     tokens = t.global_batch * t.seq_len
     fpt, _ = flops_per_token(plan)
     peak_flops = peak_flops_per_device(load_profile_or_none(plan.cluster), str(t.dtype))
-    peak_seen: float | None = None
+    seen: tuple[float | None, float | None] = (None, None)  # largest (allocated, reserved) tracked so far
     for step in range(start, opts.steps):
         tracked = opts.track_memory == "all" or (opts.track_memory == "warmup" and step - start < max(1, opts.timing_warmup))
         tracker = LiveTensorMemory(device) if tracked and device.type == "cpu" else None
@@ -199,14 +199,15 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
         with tracker if tracker is not None else contextlib.nullcontext():
             loss, grad_norm = trainer.step(step)
         dt = time.perf_counter() - t0
-        peak = _peak_memory(device, tracker)
+        peak, reserved = _peak_memory(device, tracker)
         if peak is not None:
-            peak_seen = max(peak_seen or 0.0, peak)
+            seen = (max(seen[0] or 0.0, peak), None if reserved is None else max(seen[1] or 0.0, reserved))
         tps = tokens / dt / dist.get_world_size()
         row = StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=trainer.current_lr(), step_time_s=dt,
                           tokens_per_s_per_gpu=tps, mfu=(tps * fpt / peak_flops) if fpt and peak_flops else None,
-                          peak_memory_gib=peak if peak is not None else peak_seen,
-                          memory_tracked=peak is not None)
+                          peak_memory_gib=peak if peak is not None else seen[0],
+                          memory_tracked=peak is not None,
+                          peak_memory_reserved_gib=reserved if peak is not None else seen[1])
         if rank0:
             log.log(row)
         if out and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0 and step + 1 < opts.steps:
@@ -267,14 +268,16 @@ def _step_of(line: str) -> int | None:
         return None
 
 
-def _peak_memory(device: torch.device, tracker: LiveTensorMemory | None) -> float | None:
-    """This step's peak in GiB, max over ranks (None when not tracked)."""
+def _peak_memory(device: torch.device, tracker: LiveTensorMemory | None) -> tuple[float | None, float | None]:
+    """This step's peak (allocated, reserved) in GiB, max over ranks; (None, None) when not
+    tracked, reserved None on the CPU (metrics.py: no allocator cache there)."""
     if device.type == "cuda":
-        value = float(torch.cuda.max_memory_allocated(device))
+        values = [float(torch.cuda.max_memory_allocated(device)), float(torch.cuda.max_memory_reserved(device))]
     elif tracker is not None:
-        value = float(tracker.peak)
+        values = [float(tracker.peak)]
     else:
-        return None
-    buf = torch.tensor([value], dtype=torch.float64, device=device)
+        return None, None
+    buf = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-    return float(buf[0]) / GIB
+    got = [float(v) / GIB for v in buf.tolist()]
+    return got[0], (got[1] if len(got) > 1 else None)
