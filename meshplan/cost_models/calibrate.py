@@ -34,7 +34,7 @@ from meshplan.cost_models.estimate import Estimate, estimate_plan
 from meshplan.errors import InputError
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile, profile_from_dict
-from meshplan.specs.plan import Plan, plan_from_dict
+from meshplan.specs.plan import DTYPES, Plan, plan_from_dict
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 UNCONSTRAINED = 1e-9  # a term whose residual sensitivity is below this is not seen by the runs
@@ -94,11 +94,15 @@ def load_run(run_dir: str) -> Run:
     mem = measured.get("peak_memory_gib")
     if mem is not None and (not isinstance(mem, (int, float)) or not math.isfinite(mem) or mem <= 0):
         raise InputError(f"run {run_dir}", f"measured.peak_memory_gib must be a positive number or null, got {mem!r}")
-    # The runtime trains CPU runs in fp32 whatever the plan says (summary.json's predicted does the same).
+    # The dtype the run trained in; summaries without run.dtype come from runtimes that trained
+    # CPU runs in fp32 whatever the plan said.
     run = data.get("run") or {}
-    if run.get("device") == "cpu":
+    ran = run.get("dtype") or ("fp32" if run.get("device") == "cpu" else plan.training.dtype)
+    if ran not in DTYPES:
+        raise InputError(f"run {run_dir}", f"run.dtype must be one of {', '.join(DTYPES)}, got {ran!r}")
+    if ran != plan.training.dtype:
         plan = plan.copy()
-        plan.training = replace(plan.training, dtype="fp32")
+        plan.training = replace(plan.training, dtype=ran)
     return Run(str(run_dir), plan, float(step), None if mem is None else float(mem))
 
 

@@ -1,46 +1,70 @@
-"""Data parallelism: FSDP2 (fully_shard per block, then the root), HSDP over the 2-D
-(dp_replicate, dp_shard_cp) mesh, or DDP (FSDP2-style `replicate`) when nothing is sharded."""
+"""Data parallelism and mixed precision: FSDP2 (fully_shard per block, then the root), HSDP over
+the 2-D (dp_replicate, dp_shard_cp) mesh, or DDP (FSDP2-style `replicate`) when nothing is sharded.
+
+Precision is FSDP2's module-level mixed precision in every layout, as TorchTitan trains: fp32
+sharded (master) parameters and optimizer state, parameters cast to bf16 when they are gathered
+for compute, so activations are bf16 end to end, and gradients reduced and accumulated in fp32.
+A bf16 plan without any data parallelism (TP or PP alone, or one device) still gets fully_shard,
+on its one-rank dp_shard_cp mesh: the same casts, the same bf16 activations and fp32 gradients
+as every other layout, which is what the cost model prices (activations at 2 bytes, fp32 model
+states). torch.autocast, TorchTitan's choice for one device, would keep the residual stream and
+norm outputs in fp32 (bigger activations than priced) and round differently from the FSDP
+layouts; TorchTitan has no mixed precision at all for TP or PP without FSDP.
+"""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from meshplan.runtime.mesh import Meshes, ParallelDims
 from meshplan.runtime.model import Transformer
 
+def mixed_precision(dtype: str) -> MixedPrecisionPolicy:
+    """bf16: bf16 compute, fp32 gradient reduction (master weights stay fp32); fp32: no casts."""
+    if dtype == "bf16":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()  # the plan schema allows bf16 and fp32 only
 
-def data_parallel_kind(dims: ParallelDims) -> str:
-    """'fsdp' (dp_shard*cp > 1, HSDP when also dp_replicate > 1), 'ddp' or 'none'."""
+
+def data_parallel_kind(dims: ParallelDims, dtype: str = "fp32") -> str:
+    """'fsdp' (dp_shard*cp > 1), 'hsdp' (also dp_replicate > 1), 'ddp', 'fsdp1' (a bf16 plan
+    without data parallelism: fully_shard on one rank, for mixed precision only) or 'none'."""
     if dims.fsdp_size > 1:
         return "hsdp" if dims.dp_replicate > 1 else "fsdp"
-    return "ddp" if dims.dp_replicate > 1 else "none"
+    if dims.dp_replicate > 1:
+        return "ddp"
+    return "fsdp1" if dtype != "fp32" else "none"
 
 
-def apply_fsdp(model: Transformer, mesh: DeviceMesh, reshard_after_forward: bool) -> None:
+def apply_fsdp(model: Transformer, mesh: DeviceMesh, reshard_after_forward: bool,
+               mp: MixedPrecisionPolicy) -> None:
     """Shard each block, then the root (embeddings, final norm, output) over `mesh` (1-D FSDP or
     2-D HSDP). The last block is never resharded after forward: backward needs it right away."""
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward and i < len(blocks) - 1,
+                    mp_policy=mp)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
 
 
-def apply_ddp(model: nn.Module, mesh: DeviceMesh) -> None:
+def apply_ddp(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy) -> None:
     """Replicated parameters, all-reduced gradients (composable DDP; works with DTensor/TP/PP)."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
-    replicate(model, mesh=mesh)
+    replicate(model, mesh=mesh, mp_policy=mp)
 
 
 def apply_data_parallel(model: Transformer, mesh: Meshes, dims: ParallelDims,
-                        reshard_after_forward: bool) -> str:
-    kind = data_parallel_kind(dims)
-    if kind == "fsdp":
-        apply_fsdp(model, mesh["dp_shard_cp"], reshard_after_forward)
+                        reshard_after_forward: bool, dtype: str = "fp32") -> str:
+    kind = data_parallel_kind(dims, dtype)
+    mp = mixed_precision(dtype)
+    if kind in ("fsdp", "fsdp1"):
+        apply_fsdp(model, mesh["dp_shard_cp"], reshard_after_forward, mp)
     elif kind == "hsdp":
-        apply_fsdp(model, mesh["dp_replicate", "dp_shard_cp"], reshard_after_forward)
+        apply_fsdp(model, mesh["dp_replicate", "dp_shard_cp"], reshard_after_forward, mp)
     elif kind == "ddp":
-        apply_ddp(model, mesh["dp_replicate"])
+        apply_ddp(model, mesh["dp_replicate"], mp)
     return kind

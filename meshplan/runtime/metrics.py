@@ -2,9 +2,16 @@
 
 Peak memory
 -----------
-CUDA: torch.cuda.max_memory_allocated() over the step (the caching allocator's live bytes).
+Two figures per step, each the max over ranks:
+  - allocated (`peak_memory_gib`): bytes of live tensors;
+  - reserved (`peak_memory_reserved_gib`): what the process holds for tensors, live or cached.
+CUDA: torch.cuda.max_memory_allocated() and max_memory_reserved() over the step (the caching
+allocator's live bytes, and the segments it holds from the driver, which is what can run out).
+CPU: reserved is None: the CPU allocator keeps no cache (freed tensors go back to the system
+allocator), so there is no pool beyond the live tensors to report, and the process's resident
+size would mostly count Python and libraries.
 
-CPU (no allocator statistics): `LiveTensorMemory` counts the bytes of every live tensor *storage*
+CPU allocated (no allocator statistics): `LiveTensorMemory` counts the bytes of every live tensor *storage*
 on the rank's device, and keeps the maximum over the step:
   - at the start of the step it finds every live tensor reachable from Python (gc scan): parameters
     (for DTensor / FSDP2 the local shard's whole storage, including FSDP2's padding), gradients,
@@ -114,8 +121,9 @@ class StepMetrics:
     step_time_s: float
     tokens_per_s_per_gpu: float
     mfu: float | None
-    peak_memory_gib: float | None
+    peak_memory_gib: float | None  # allocated
     memory_tracked: bool
+    peak_memory_reserved_gib: float | None = None  # None on CPU (see the module doc)
 
     def line(self) -> str:
         mfu = f"{self.mfu:.1%}" if self.mfu is not None else "n/a"
@@ -141,19 +149,18 @@ def flops_per_token(plan: Any) -> tuple[float | None, str | None]:
         return None, f"{exc.__class__.__name__}: {exc}"
 
 
-def predicted(plan: Any, run_dtype: str = "fp32") -> tuple[dict | None, str | None]:
-    """The cost model's estimate for the plan as it ran (dtype `run_dtype`), or (None, why not)."""
+def predicted(plan: Any) -> tuple[dict | None, str | None]:
+    """What `meshplan estimate --plan P` predicts for the plan that ran (its dtype, its cluster
+    profile), or (None, why not). A runnable plan is complete, and for a complete plan the
+    estimate command is estimate_plan(plan, its profile): the same call, not a second model."""
     try:
-        from dataclasses import replace
-
         from meshplan.cost_models.estimate import estimate_plan
         from meshplan.profiles import load_profile
 
-        ran = plan.copy()
-        ran.training = replace(plan.training, dtype=run_dtype)
-        est = estimate_plan(ran, load_profile(plan.cluster))
-        return {"step_time_s": est.step_time_s, "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
-                "peak_memory_gib": est.peak_memory_gib, "memory_gib": dict(getattr(est, "memory_gib", {}) or {})}, None
+        est = estimate_plan(plan, load_profile(plan.cluster))
+        return {"step_time_s": est.step_time_s, "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu, "mfu": est.mfu,
+                "peak_memory_gib": est.peak_memory_gib, "memory_gib": dict(getattr(est, "memory_gib", {}) or {}),
+                "dtype": str(plan.training.dtype), "cluster": str(plan.cluster)}, None
     except Exception as exc:
         return None, f"{exc.__class__.__name__}: {exc}"
 
@@ -189,14 +196,16 @@ class MetricsLog:
 
 
 def measured_summary(rows: list[StepMetrics], warmup: int) -> dict[str, Any]:
-    """Medians over the steps after `warmup` (all steps if there are no others); peak memory is the
-    max over the steps where it was tracked."""
+    """Medians over the steps after `warmup` (all steps if there are no others); peak memory
+    (allocated and reserved) is the max over the steps where it was tracked."""
     timed = rows[warmup:] or rows
     mem = [r.peak_memory_gib for r in rows if r.memory_tracked and r.peak_memory_gib is not None]
+    reserved = [r.peak_memory_reserved_gib for r in rows if r.memory_tracked and r.peak_memory_reserved_gib is not None]
     return {
         "step_time_s": statistics.median(r.step_time_s for r in timed),
         "tokens_per_s_per_gpu": statistics.median(r.tokens_per_s_per_gpu for r in timed),
         "peak_memory_gib": max(mem) if mem else None,
+        "peak_memory_reserved_gib": max(reserved) if reserved else None,
         "steps_in_median": [r.step for r in timed],
         "final_loss": rows[-1].loss,
     }

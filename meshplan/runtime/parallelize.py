@@ -1,6 +1,6 @@
 """Turn a plan into this rank's model parts: build on meta, cut the pipeline stage, then apply
-float8, TP+SP, CP, activation checkpointing, compile and data parallelism (in that order, each a
-flat function in its own file), then materialise and initialise the weights."""
+float8, TP+SP, CP, activation checkpointing, compile and data parallelism with mixed precision
+(in that order, each a flat function in its own file), then materialise and initialise the weights."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def parallelize_model(plan: Plan, mesh: Meshes, dims: ParallelDims, device: torc
         if plan.compile:
             for block in model.layers.values():
                 block.compile()
-        kind = apply_data_parallel(model, mesh, dims, bool(mem.reshard_after_forward))
+        kind = apply_data_parallel(model, mesh, dims, bool(mem.reshard_after_forward), str(plan.training.dtype))
         model.to_empty(device=device)
         init_weights(model, spec, seed)
         parts.append(model)

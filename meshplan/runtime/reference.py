@@ -4,10 +4,12 @@ with it; benchmarks/runtime_overhead.py times it against the runtime."""
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from meshplan.runtime.data import BatchSpec, make_source
 from meshplan.runtime.float8 import apply_float8
@@ -26,13 +28,18 @@ class ReferenceStep:
 
 def reference_run(plan: Plan, opts: RunOptions, float8: bool | None = None) -> list[ReferenceStep]:
     """Train the plan's model in this process: global batch in micro_batch chunks (gradient
-    accumulation), clip, AdamW. `float8` overrides the plan's memory.float8."""
+    accumulation), clip, AdamW. `float8` overrides the plan's memory.float8.
+
+    bf16 plans train as FSDP2's mixed precision does, spelled out: fp32 master weights and
+    optimizer, a bf16 copy of them for each step's forward and backward, each micro-batch's bf16
+    gradients accumulated in fp32 on the master weights."""
     spec, t = plan.model, plan.training
     model = build_model(spec, "cpu")
     if plan.memory.float8 if float8 is None else float8:
         apply_float8(model, emulate=True)
     init_weights(model, spec, opts.seed)
     (opt,), (sched,) = build_optimizers([model], opts)
+    compute = copy.deepcopy(model).to(torch.bfloat16) if t.dtype == "bf16" else model
     source = make_source(opts.data, BatchSpec(t.global_batch, t.seq_len, spec.vocab_size), opts.seed, opts.data_dtype)
     n_micro = t.global_batch // t.micro_batch
     out = []
@@ -41,10 +48,12 @@ def reference_run(plan: Plan, opts: RunOptions, float8: bool | None = None) -> l
         rows = source.rows(step, 0, t.global_batch)
         inputs, targets = rows[:, :-1], rows[:, 1:]
         total = 0.0
+        _copy_params(model, compute)
         for i in range(n_micro):
             sl = slice(i * t.micro_batch, (i + 1) * t.micro_batch)
-            loss = loss_fn(model(inputs[sl]), targets[sl])
+            loss = loss_fn(compute(inputs[sl]), targets[sl])
             (loss / n_micro).backward()
+            _accumulate_grads(compute, model)
             total += loss.item()
         torch.nn.utils.clip_grad_norm_(model.parameters(), opts.max_grad_norm)
         opt.step()
@@ -52,3 +61,23 @@ def reference_run(plan: Plan, opts: RunOptions, float8: bool | None = None) -> l
         sched.step()
         out.append(ReferenceStep(step + 1, total / n_micro, time.perf_counter() - t0))
     return out
+
+
+@torch.no_grad()
+def _copy_params(master: nn.Module, compute: nn.Module) -> None:
+    """Cast the fp32 master weights into the compute copy (what FSDP2's all-gather does)."""
+    if compute is not master:
+        for dst, src in zip(compute.parameters(), master.parameters()):
+            dst.copy_(src)
+
+
+@torch.no_grad()
+def _accumulate_grads(compute: nn.Module, master: nn.Module) -> None:
+    """Add the compute copy's gradients, in fp32, to the master's (FSDP2's reduce_dtype)."""
+    if compute is master:
+        return
+    for src, dst in zip(compute.parameters(), master.parameters()):
+        if src.grad is None:
+            continue
+        dst.grad = src.grad.float() if dst.grad is None else dst.grad.add_(src.grad.float())
+        src.grad = None

@@ -58,17 +58,19 @@ def build_optimizers(parts: list[nn.Module], opts: RunOptions) -> tuple[list, li
     return optimizers, schedulers
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None) -> float:
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None,
+                   device: torch.device) -> float:
     """Clip by the global L2 norm over every parameter of the model, wherever it lives.
 
     DTensor gradients (TP/FSDP shards) give their full-tensor norm per mesh; pipeline ranks hold
-    disjoint parameters, so squared norms are summed over the pp group.
+    disjoint parameters, so squared norms are summed over the pp group (on `device`, so that a
+    rank without gradients still joins the all-reduce with a tensor its backend can send).
     """
     grads = [p.grad for p in params if p.grad is not None]
     by_mesh: dict[Any, list[torch.Tensor]] = {}
     for g in grads:
         by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
-    sq = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    sq = torch.zeros((), dtype=torch.float32, device=device)
     for group in by_mesh.values():
         norm = torch.nn.utils.get_total_norm(group, 2.0)
         if isinstance(norm, DTensor):
@@ -133,7 +135,8 @@ class Trainer:
                 return None
             return sum(_local(l) for l in losses)
         model, mb = self.model.parts[0], self.plan.training.micro_batch
-        total = torch.zeros(())
+        # On the model's device: a CPU accumulator plus a CUDA loss fails at the first step.
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
         for i in range(self.n_micro):
             sl = slice(i * mb, (i + 1) * mb)
             with self._loss_ctx():
@@ -149,7 +152,7 @@ class Trainer:
         targets = shard_sequence(targets, self.model.seq_layout).to(self.device)
         loss_sum = self._forward_backward(inputs, targets)
         pp_group = self.mesh["pp"].get_group() if self.dims.pp > 1 else None
-        grad_norm = clip_grad_norm(self.params, self.opts.max_grad_norm, pp_group)
+        grad_norm = clip_grad_norm(self.params, self.opts.max_grad_norm, pp_group, self.device)
         for opt in self.optimizers:
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -185,7 +188,7 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
     tokens = t.global_batch * t.seq_len
     fpt, _ = flops_per_token(plan)
     peak_flops = peak_flops_per_device(load_profile_or_none(plan.cluster), str(t.dtype))
-    peak_seen: float | None = None
+    seen: tuple[float | None, float | None] = (None, None)  # largest (allocated, reserved) tracked so far
     for step in range(start, opts.steps):
         tracked = opts.track_memory == "all" or (opts.track_memory == "warmup" and step - start < max(1, opts.timing_warmup))
         tracker = LiveTensorMemory(device) if tracked and device.type == "cpu" else None
@@ -196,14 +199,15 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
         with tracker if tracker is not None else contextlib.nullcontext():
             loss, grad_norm = trainer.step(step)
         dt = time.perf_counter() - t0
-        peak = _peak_memory(device, tracker)
+        peak, reserved = _peak_memory(device, tracker)
         if peak is not None:
-            peak_seen = max(peak_seen or 0.0, peak)
+            seen = (max(seen[0] or 0.0, peak), None if reserved is None else max(seen[1] or 0.0, reserved))
         tps = tokens / dt / dist.get_world_size()
         row = StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=trainer.current_lr(), step_time_s=dt,
                           tokens_per_s_per_gpu=tps, mfu=(tps * fpt / peak_flops) if fpt and peak_flops else None,
-                          peak_memory_gib=peak if peak is not None else peak_seen,
-                          memory_tracked=peak is not None)
+                          peak_memory_gib=peak if peak is not None else seen[0],
+                          memory_tracked=peak is not None,
+                          peak_memory_reserved_gib=reserved if peak is not None else seen[1])
         if rank0:
             log.log(row)
         if out and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0 and step + 1 < opts.steps:
@@ -264,14 +268,16 @@ def _step_of(line: str) -> int | None:
         return None
 
 
-def _peak_memory(device: torch.device, tracker: LiveTensorMemory | None) -> float | None:
-    """This step's peak in GiB, max over ranks (None when not tracked)."""
+def _peak_memory(device: torch.device, tracker: LiveTensorMemory | None) -> tuple[float | None, float | None]:
+    """This step's peak (allocated, reserved) in GiB, max over ranks; (None, None) when not
+    tracked, reserved None on the CPU (metrics.py: no allocator cache there)."""
     if device.type == "cuda":
-        value = float(torch.cuda.max_memory_allocated(device))
+        values = [float(torch.cuda.max_memory_allocated(device)), float(torch.cuda.max_memory_reserved(device))]
     elif tracker is not None:
-        value = float(tracker.peak)
+        values = [float(tracker.peak)]
     else:
-        return None
-    buf = torch.tensor([value], dtype=torch.float64, device=device)
+        return None, None
+    buf = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-    return float(buf[0]) / GIB
+    got = [float(v) / GIB for v in buf.tolist()]
+    return got[0], (got[1] if len(got) > 1 else None)

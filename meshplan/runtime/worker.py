@@ -1,5 +1,5 @@
 """The torchrun worker: join the process group (NCCL on CUDA, gloo on CPU), train, and on rank 0
-write DIR/summary.json (measured vs predicted)."""
+write DIR/summary.json (measured vs what `meshplan estimate` predicts for the same plan)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,12 @@ from meshplan.specs.plan import Plan
 from meshplan.yamlio import atomic_write_json
 
 PG_TIMEOUT = timedelta(minutes=10)
+# What measured.peak_memory_gib (allocated) and peak_memory_reserved_gib are, by device (CUDA?).
+MEMORY_MEASURE = {
+    True: "allocated: torch.cuda.max_memory_allocated, reserved: torch.cuda.max_memory_reserved; max over ranks",
+    False: "allocated: live tensor storage bytes, max over ranks (runtime/metrics.py); reserved: null "
+           "(the CPU allocator keeps no cache)",
+}
 
 
 def pick_device() -> tuple[torch.device, str]:
@@ -43,8 +49,6 @@ def run_worker(plan: Plan, opts: RunOptions) -> int:
     dist.init_process_group(backend, timeout=PG_TIMEOUT)
     rank0 = dist.get_rank() == 0
     notes = []
-    if device.type == "cpu" and plan.training.dtype == "bf16":
-        notes.append("plan dtype bf16 runs as fp32 on CPU (gloo)")
     if device.type == "cpu" and plan.memory.float8:
         notes.append("float8 is emulated on CPU (torchao emulate=True): float8 numerics, not float8 speed")
     if rank0 and not opts.quiet:
@@ -80,8 +84,8 @@ def write_summary(plan: Plan, opts: RunOptions, rows, device: torch.device, back
         "plan": plan.to_dict(),
         "run": {"steps": opts.steps, "seed": opts.seed, "data": opts.data, "world_size": dist.get_world_size(),
                 "device": device.type, "backend": backend, "timing_warmup": opts.timing_warmup,
-                "memory_measure": "cuda max_memory_allocated" if device.type == "cuda"
-                else "live tensor storage bytes, max over ranks (runtime/metrics.py)", "notes": notes},
+                "dtype": str(plan.training.dtype), "memory_measure": MEMORY_MEASURE[device.type == "cuda"],
+                "notes": notes},
         "versions": {"meshplan": meshplan.__version__, "torch": torch.__version__, "python": platform.python_version(),
                      "torchao": _version("torchao")},
     }

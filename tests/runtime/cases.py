@@ -1,4 +1,5 @@
-"""Layouts under test: tiny models, seq 32, global batch 8, fp32 (see test_layouts.py)."""
+"""Layouts under test: tiny models, seq 32, global batch 8, fp32, and each again in bf16 (see
+test_layouts.py)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,14 @@ FOUR_RANK: dict[str, dict[str, Any]] = {
 FLOAT8: dict[str, dict[str, Any]] = {
     "fsdp2_float8": plan(dp_shard=2, memory={"float8": True}),
 }
+
+
+def in_bf16(case: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(case)
+    out["training"]["dtype"] = "bf16"
+    return out
+
+
+# Every fp32 layout again in bf16 (FSDP2 mixed precision everywhere; float8 has its own test).
+BF16: dict[str, dict[str, Any]] = {f"bf16_{k}": in_bf16(v) for k, v in TWO_RANK.items()}
+BF16_FOUR_RANK: dict[str, dict[str, Any]] = {f"bf16_{k}": in_bf16(v) for k, v in FOUR_RANK.items()}

@@ -2,9 +2,15 @@
 write each plan's per-step losses to a JSON file (rank 0). Used by test_layouts.py.
 
 usage: torchrun ... layouts_worker.py CASES.json RESULTS.json
-CASES.json: [{"name": str, "plan": {...plan mapping...}, "steps": int}, ...]
+CASES.json: [{"name": str, "plan": {...plan mapping...}, "steps": int, "track_memory": str,
+              "inspect": bool}, ...]
+With "inspect", every training step runs under device_hygiene.DeviceHygiene and the results list
+the tensors meshplan's runtime made off the model's device ("device_violations"), the dtypes of
+every nn.Linear output during the steps ("compute_dtypes") and of the trained parameters after
+them ("master_dtypes").
 """
 
+import contextlib
 import json
 import sys
 import time
@@ -13,9 +19,40 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from device_hygiene import DeviceHygiene
 from meshplan.runtime.options import RunOptions
-from meshplan.runtime.train import run_training
+from meshplan.runtime.train import Trainer, run_training
 from meshplan.specs.plan import plan_from_dict
+
+
+@contextlib.contextmanager
+def inspected_steps(seen: dict[str, set]):
+    """Run every Trainer.step under DeviceHygiene (only the step: weight initialisation builds
+    full tensors on the CPU on purpose) with a forward hook on every nn.Linear, collecting what
+    they see."""
+    step = Trainer.step
+
+    def record_dtype(module, args, output):
+        seen["compute_dtypes"].add(str(output.dtype))
+
+    def inspected(self, i):
+        linears = [m for part in self.model.parts for m in part.modules() if isinstance(m, torch.nn.Linear)]
+        hooks = [m.register_forward_hook(record_dtype) for m in linears]
+        try:
+            with DeviceHygiene(self.device) as mode:
+                out = step(self, i)
+        finally:
+            for h in hooks:
+                h.remove()
+        seen["device_violations"].update(f"{v.factory} at {v.where} (device {v.device})" for v in mode.violations)
+        seen["master_dtypes"].update(str(p.dtype) for p in self.params)
+        return out
+
+    Trainer.step = inspected
+    try:
+        yield
+    finally:
+        Trainer.step = step
 
 
 def main() -> None:
@@ -29,9 +66,12 @@ def main() -> None:
             plan = plan_from_dict(case["plan"])
             opts = RunOptions(steps=case.get("steps", 5), seed=case.get("seed", 0), quiet=True,
                               track_memory=case.get("track_memory", "off"), timing_warmup=2)
-            rows = run_training(plan, opts, torch.device("cpu"))
+            seen: dict[str, set] = {"device_violations": set(), "compute_dtypes": set(), "master_dtypes": set()}
+            with inspected_steps(seen) if case.get("inspect") else contextlib.nullcontext():
+                rows = run_training(plan, opts, torch.device("cpu"))
             results[case["name"]] = {"losses": [r.loss for r in rows],
                                      "peak_memory_gib": [r.peak_memory_gib for r in rows],
+                                     **{k: sorted(v) for k, v in seen.items()},
                                      "seconds": time.perf_counter() - t0}
         except Exception:
             results[case["name"]] = {"error": traceback.format_exc()}

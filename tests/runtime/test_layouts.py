@@ -7,6 +7,27 @@ all-reduce of gradients, accumulation order), which perturbs losses by ~1e-7 rel
 (observed <= 3e-7 after 5 AdamW steps); a real bug (wrong mask, missing gradient average, wrong
 RoPE position, a dropped micro-batch) moves the loss by > 1e-3.
 
+Every layout runs again with `training.dtype: bf16` (FSDP2 mixed precision, see
+runtime/data_parallel.py) for 2 steps, against the single-process bf16 reference (fp32 master
+weights, a bf16 copy for compute, fp32 gradient accumulation). bf16 keeps 8 significant bits, so
+its unit roundoff is u = 2^-9 ~ 2e-3 per rounded value; the tolerance depends on whether the
+layout rounds the same values as one process:
+  - BF16_SAME_ROUNDING (1e-5): DDP, FSDP, HSDP, AC, 1F1B-style PP. Every bf16 value is computed
+    exactly as in one process; only fp32 sums (gradient reduction, loss) are reordered. Observed
+    <= 1e-6 after 2 steps (fp32 reorderings, amplified a little through bf16 rounding boundaries).
+  - BF16_NEW_ROUNDING (5e-4 = u/4): TP (each rank's partial matmul sum is rounded to bf16 before
+    the all-reduce adds them), CP (attention over chunks) and the zero-bubble schedules (PyTorch's
+    separate weight-gradient pass adds the micro-batches' gradients in bf16, `weight.grad += dw`
+    in torch/distributed/pipelining/_backward.py). The loss is a mean over 8 x 32 tokens, so these
+    per-element roundings of ~u largely cancel: observed <= 2.2e-5 for TP/CP and <= 1.4e-4 for
+    the zero-bubble schedules (DualPipeV).
+What this can and cannot see: the first step's loss is the forward alone, so a wrong mask, RoPE
+position, sharding or cast shows at step 1; after 2 steps on a tiny model a gradient-accumulation
+bug is small (dropping one of 4 micro-batches moves step 2 by ~1e-4 in bf16), which is why the
+fp32 matrix, 5 steps at 1e-4, stays the check of gradients. The bf16 runs also report the dtype of
+every nn.Linear output (must be bf16: precision honoured), of the trained parameters (fp32
+master weights), and any tensor the step made off the model's device (device_hygiene.py).
+
 Two gloo worlds run concurrently in subprocesses, one with 2 ranks and one with 4, each running
 all its layouts one after another (layouts_worker.py), under a hard timeout so a hang fails.
 """
@@ -21,7 +42,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import FLOAT8, FOUR_RANK, TWO_RANK
+from cases import BF16, BF16_FOUR_RANK, FLOAT8, FOUR_RANK, TWO_RANK
 from meshplan.runtime.options import RunOptions
 from meshplan.runtime.reference import reference_run
 from meshplan.specs.plan import plan_from_dict
@@ -36,10 +57,20 @@ WORLD_TIMEOUT_S = 420
 # first step) and compared with the cost model's prediction.
 TRACK_MEMORY = {"fsdp2", "fsdp2_ac_full", "fsdp2_ac_selective"}
 MEMORY_TOLERANCE = 0.15
+BF16_STEPS = 2
+BF16_SAME_ROUNDING = 1e-5
+BF16_NEW_ROUNDING = 5e-4
+ZERO_BUBBLE = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+
+
+def _case(name: str, plan: dict) -> dict:
+    if plan["training"]["dtype"] == "bf16":  # 2 steps, no memory tracking: keeps the added time small
+        return {"name": name, "plan": plan, "steps": BF16_STEPS, "track_memory": "off", "inspect": True}
+    return {"name": name, "plan": plan, "steps": STEPS, "track_memory": "warmup"}
 
 
 def _start_world(nproc: int, cases: dict, tmp: Path):
-    spec = [{"name": k, "plan": v, "steps": STEPS, "track_memory": "warmup"} for k, v in cases.items()]
+    spec = [_case(k, v) for k, v in cases.items()]
     cases_file, results = tmp / f"cases{nproc}.json", tmp / f"results{nproc}.json"
     cases_file.write_text(json.dumps(spec))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -51,7 +82,7 @@ def _start_world(nproc: int, cases: dict, tmp: Path):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("worlds")
-    worlds = [_start_world(2, {**TWO_RANK, **FLOAT8}, tmp), _start_world(4, FOUR_RANK, tmp)]
+    worlds = [_start_world(2, {**TWO_RANK, **FLOAT8, **BF16}, tmp), _start_world(4, {**FOUR_RANK, **BF16_FOUR_RANK}, tmp)]
     out: dict = {}
     for proc, path in worlds:
         try:
@@ -68,12 +99,12 @@ def results(tmp_path_factory) -> dict:
 _REFERENCE: dict[str, list[float]] = {}
 
 
-def reference_losses(plan_dict: dict) -> list[float]:
+def reference_losses(plan_dict: dict, steps: int = STEPS) -> list[float]:
     """Single-process losses; cached per (model, training, float8): layouts do not change them."""
-    key = json.dumps([plan_dict["model"], plan_dict["training"], plan_dict["memory"]["float8"]], sort_keys=True)
+    key = json.dumps([plan_dict["model"], plan_dict["training"], plan_dict["memory"]["float8"], steps], sort_keys=True)
     if key not in _REFERENCE:
         plan = plan_from_dict(plan_dict)
-        _REFERENCE[key] = [r.loss for r in reference_run(plan, RunOptions(steps=STEPS, seed=0))]
+        _REFERENCE[key] = [r.loss for r in reference_run(plan, RunOptions(steps=steps, seed=0))]
     return _REFERENCE[key]
 
 
@@ -89,6 +120,39 @@ def check_matches(name: str, plan_dict: dict, results: dict) -> list[float]:
     # The comparison is only meaningful if training moves the loss.
     assert abs(ref[-1] - ref[0]) > 10 * REL_TOL * abs(ref[0])
     return losses
+
+
+def bf16_tolerance(plan_dict: dict) -> float:
+    """Relative loss tolerance of a bf16 layout against one bf16 process (see the module doc)."""
+    p = plan_dict["parallel"]
+    new_rounding = p["tp"] > 1 or p["cp"] > 1 or (p["pp"] > 1 and p["pp_schedule"] in ZERO_BUBBLE)
+    return BF16_NEW_ROUNDING if new_rounding else BF16_SAME_ROUNDING
+
+
+def check_bf16(name: str, plan_dict: dict, results: dict) -> None:
+    got = results.get(name)
+    assert got is not None, f"{name} did not run"
+    assert "error" not in got, got.get("error")
+    assert got["compute_dtypes"] == ["torch.bfloat16"], f"{name}: nn.Linear outputs {got['compute_dtypes']}"
+    assert got["master_dtypes"] == ["torch.float32"], f"{name}: trained parameters {got['master_dtypes']}"
+    assert got["device_violations"] == [], got["device_violations"]
+    ref, tol = reference_losses(plan_dict, BF16_STEPS), bf16_tolerance(plan_dict)
+    assert len(got["losses"]) == BF16_STEPS
+    for step, (a, b) in enumerate(zip(got["losses"], ref), start=1):
+        assert abs(a - b) <= tol * abs(b), f"{name} step {step}: {a} vs single-process bf16 {b} (tolerance {tol:g})"
+
+
+@pytest.mark.parametrize("name", sorted({**BF16, **BF16_FOUR_RANK}))
+def test_bf16_layout_matches_single_process_bf16(name, results):
+    check_bf16(name, {**BF16, **BF16_FOUR_RANK}[name], results)
+
+
+def test_bf16_reference_is_bf16():
+    """The bf16 reference really rounds: its first loss (forward only) differs from fp32's."""
+    from cases import in_bf16, plan
+
+    fp32, bf16 = reference_losses(plan(), 1)[0], reference_losses(in_bf16(plan()), 1)[0]
+    assert 1e-6 < abs(fp32 - bf16) / fp32 < 1e-3, (fp32, bf16)
 
 
 @pytest.mark.parametrize("name", sorted(TWO_RANK))
