@@ -30,14 +30,11 @@ class RunData:
     metrics: pd.DataFrame
     measured: dict[str, Any]
     predicted: dict[str, Any]
+    ratio: dict[str, Any] = field(default_factory=dict)  # summary.json's ratio_measured_over_predicted
 
     def ratios(self) -> dict[str, float | None]:
-        """measured / predicted per metric (None where either is missing)."""
-        out: dict[str, float | None] = {}
-        for key in RUN_METRICS:
-            m, p = self.measured.get(key), self.predicted.get(key)
-            out[key] = m / p if isinstance(m, (int, float)) and isinstance(p, (int, float)) and p else None
-        return out
+        """measured / predicted per metric as the run computed them (None where either is missing)."""
+        return {key: self.ratio.get(key) for key in RUN_METRICS}
 
 
 @dataclass
@@ -137,7 +134,8 @@ def load_run(path: Path) -> Config:
     if not isinstance(summary.get("plan"), dict):
         raise InputError(str(path / "summary.json"), "has no 'plan' object")
     plan = plan_from_dict(summary["plan"])
-    run = RunData(metrics, dict(summary.get("measured") or {}), dict(summary.get("predicted") or {}))
+    run = RunData(metrics, dict(summary.get("measured") or {}), dict(summary.get("predicted") or {}),
+                  dict(summary.get("ratio_measured_over_predicted") or {}))
     config = Config(path.name, "run", path, plan, None, run=run)
     try:
         config.profile, config.estimate, config.schedule = estimate_complete(plan, str(path))

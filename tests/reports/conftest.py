@@ -38,6 +38,9 @@ def write_run_dir(folder: Path) -> Path:
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     summary = {"measured": {"step_time_s": 2.0, "tokens_per_s_per_gpu": 905.0, "peak_memory_gib": 30.0},
                "predicted": {"step_time_s": 1.6, "tokens_per_s_per_gpu": 1000.0, "peak_memory_gib": 25.0},
+               # As the run writes them (runtime/metrics.ratios): measured / predicted.
+               "ratio_measured_over_predicted": {"step_time_s": 2.0 / 1.6, "tokens_per_s_per_gpu": 905.0 / 1000.0,
+                                                 "peak_memory_gib": 30.0 / 25.0},
                "plan": plan_dict(), "versions": {"torch": "2.13.0"}}
     (d / "summary.json").write_text(json.dumps(summary))
     return d
