@@ -27,6 +27,7 @@ from meshplan.errors import InputError
 from meshplan.fields import AUTO
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
+from meshplan.specs.rules import async_tp_reason, profile_backend
 
 TOKENS_PER_STEP = 4 * 1024 * 1024  # default global batch: ~4M tokens, as Llama 3 pre-training
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
@@ -152,7 +153,10 @@ class Space:
 
     @memoized
     def async_options(self, tp: int) -> list[bool]:
-        return self._opts("parallel.async_tp", self.plan.parallel.async_tp, [False, True] if tp > 1 else [False])
+        # Offered only where the runtime can run it (specs/rules.py): NCCL, with compile possible.
+        runnable = async_tp_reason(tp, max(self.compile_options(), default=False),
+                                   profile_backend(self.profile.provenance)) is None
+        return self._opts("parallel.async_tp", self.plan.parallel.async_tp, [False, True] if tp > 1 and runnable else [False])
 
     @memoized
     def schedule_options(self, pp: int) -> list[tuple[str, int]]:
