@@ -11,7 +11,7 @@ from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
 from meshplan.cost_models.host import step_host_time
-from meshplan.cost_models.layout import Layout, layout_of
+from meshplan.cost_models.layout import Layout, layout_of, runtime_paths
 from meshplan.cost_models.memory import GIB, kept_output_units, rank_memory, stage_params
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, stage_rank
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
@@ -121,7 +121,7 @@ def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
 
 def pipeline_schedule(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> ScheduleResult | None:
     """The simulated schedule (every F / B / W block) behind estimate_plan's step time; None without PP."""
-    lay = layout_of(plan)
+    lay = runtime_paths(layout_of(plan), profile)
     if lay.pp == 1:
         return None
     d = stage_durations(lay, profile, group_spans(lay, profile, plan_order(plan, order)))
@@ -132,7 +132,7 @@ def estimate_plan(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = 
                   **layout_overrides) -> Estimate:
     """layout_overrides: Layout fields a plan file cannot say, for modelling other systems' runs
     (validation uses attention_kernel="eager" for Megatron 2021, TorchTitan's SAC op policy)."""
-    lay = layout_of(plan)
+    lay = runtime_paths(layout_of(plan), profile)
     if layout_overrides:
         lay = replace(lay, **layout_overrides)
     return estimate_layout(lay, profile, plan_order(plan, order))

@@ -7,6 +7,7 @@ from functools import lru_cache
 
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
+from meshplan.specs.rules import cp_attention_kind, cp_kv_repeated, profile_backend
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
 
@@ -50,8 +51,9 @@ class Layout:
     # Context parallelism only: whether keys and values reach attention expanded to every query head
     # (TorchTitan 2024's repeat_kv before SDPA), so that CP gathers, holds and merges them at that width.
     kv_repeated: bool = False
-    # How CP computes attention: gather (all-gather K/V, one attention per rank, as meshplan's runtime
-    # does) | ring (PyTorch's context_parallel: a ring step per rank, each merged in fp32; TorchTitan).
+    # How CP computes attention: gather (all-gather K/V, block-causal chunks merged in fp32: meshplan's
+    # runtime on gloo) | ring (PyTorch's context_parallel: a ring step per rank, each merged in fp32;
+    # meshplan's runtime on NCCL, and TorchTitan). runtime_paths() sets it from the cluster's backend.
     cp_attention: str = "gather"
 
     @property
@@ -109,6 +111,13 @@ class Layout:
 def even_split(n_layers: int, n_stages: int) -> tuple[int, ...]:
     base, extra = divmod(n_layers, n_stages)
     return tuple(base + (1 if i < extra else 0) for i in range(n_stages))
+
+
+def runtime_paths(lay: Layout, prof) -> Layout:
+    """`lay` with the CP attention path meshplan's runtime takes on the profile's backend (ring on
+    NCCL, gather on gloo; specs/rules.py), so the estimate prices what `meshplan run` runs."""
+    kind = cp_attention_kind(profile_backend(prof.provenance))
+    return lay.with_(cp_attention=kind, kv_repeated=cp_kv_repeated(kind))
 
 
 def layout_of(plan: Plan) -> Layout:

@@ -84,7 +84,9 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
     bt.forward_passes = 2 if lay.ac == "full" else 1
     tp_total = tp_fwd * (bt.forward_passes + 1)
     bt.tp_comm = tp_total * (1 - prof.overheads.tp_async_overlap) if lay.async_tp else tp_total
-    cp_total = _cp_comm(lay, prof, spans) * (bt.forward_passes + 1)
+    # Backward moves K/V twice over: ring attention rotates K/V again and their gradients back;
+    # the gather path re-gathers K/V (saved local only) and reduce-scatters their gradients.
+    cp_total = _cp_comm(lay, prof, spans) * (bt.forward_passes + CP_BACKWARD_GATHERS)
     bt.cp_comm = cp_total * (1 - prof.overheads.cp_overlap)
     _add_host(bt, lay, prof)
     return bt
@@ -213,6 +215,7 @@ def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSp
 #   element; torch.cat of the local K and V into one send buffer (read + write, 2 bytes): 8 per K/V element;
 # - backward, each of the cp steps: dQ accumulated in fp32 and its partial-update copy, ~20 per query
 #   element; dK and dV accumulated in fp32 and concatenated into the ring's send buffer, ~20 per K/V element.
+CP_BACKWARD_GATHERS = 2
 RING_FWD_BYTES = {"q": 50.0, "kv": 8.0}
 RING_BWD_BYTES = {"q": 20.0, "kv": 20.0}
 

@@ -26,7 +26,7 @@ import numpy as np
 from meshplan.cost_models.estimate import (Estimate, StageDurations, StepParts, _block_key, _simulate_cached,
                                            compose_step, estimate_layout, group_spans, rank_busy, stage_durations,
                                            stage_inputs, step_parts)
-from meshplan.cost_models.layout import Layout, even_split
+from meshplan.cost_models.layout import Layout, even_split, runtime_paths
 from meshplan.cost_models.memory import GIB, rank_memory, stage_params
 
 from meshplan.cost_models.pipeline import bound_kind, in_flight_limit, linear_bound_rows, makespan_lower_bound
@@ -245,12 +245,12 @@ class _Search:
         proto = self._mesh_layouts.get(m)
         if proto is None:
             s = self.space
-            proto = self._mesh_layouts[m] = Layout(
+            proto = self._mesh_layouts[m] = runtime_paths(Layout(
                 spec=self.spec, gpus=s.plan.gpus, seq_len=s.seq_len, global_batch=s.global_batch, micro_batch=1,
                 dtype=s.dtype, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, sp=False,
                 async_tp=max(s.async_options(m.tp)), pp=m.pp, schedule="1F1B", v=1,
                 stage_layers=even_split(self.spec.n_layers, m.pp), cp=m.cp, ac="none", sac_ops=None, float8=False,
-                reshard_after_forward=True, compile=max(s.compile_options()))
+                reshard_after_forward=True, compile=max(s.compile_options())), self.prof)
         return proto.with_(micro_batch=mb, sp=sp and m.tp > 1, ac=ac, sac_ops=sac if isinstance(sac, tuple) else None,
                            float8=f8, reshard_after_forward=reshard)
 

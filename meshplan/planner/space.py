@@ -28,6 +28,7 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
+from meshplan.specs.rules import async_tp_reason, profile_backend
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
 SAC_ILP = "ilp"  # selective AC with the op kinds the SAC ILP chooses under the memory budget
@@ -148,7 +149,10 @@ class Space:
 
     @memoized
     def async_options(self, tp: int) -> list[bool]:
-        return self._opts("parallel.async_tp", self.plan.parallel.async_tp, [False, True] if tp > 1 else [False])
+        # Offered only where the runtime can run it (specs/rules.py): NCCL, with compile possible.
+        runnable = async_tp_reason(tp, max(self.compile_options(), default=False),
+                                   profile_backend(self.profile.provenance)) is None
+        return self._opts("parallel.async_tp", self.plan.parallel.async_tp, [False, True] if tp > 1 and runnable else [False])
 
     @memoized
     def schedule_options(self, pp: int) -> list[tuple[str, int]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from meshplan.argparsing import ArgumentParser
 from meshplan.errors import InputError
 from meshplan.runtime.launcher import LaunchOptions
-from meshplan.runtime.options import RunOptions, check_runnable
+from meshplan.runtime.options import RunOptions, check_runnable, local_device_type
 from meshplan.runtime.slurm import SlurmOptions
 from meshplan.specs.plan import Plan, load_plan
 
@@ -205,7 +205,8 @@ def parse(argv: list[str]) -> RunRequest:
     """Parse and validate everything that can be checked before launching processes."""
     args = build_parser().parse_args(argv)
     plan = load_plan(args.plan)
-    check_runnable(plan)
+    # Refused here, before launch, for this machine's backend (sbatch: checked on the nodes).
+    check_runnable(plan, None if args.slurm else local_device_type())
     opts = run_options(args, plan)
     launch = launch_options(args, plan)
     return RunRequest(plan=plan, plan_path=args.plan, opts=opts, launch=launch,

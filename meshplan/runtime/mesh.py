@@ -1,5 +1,6 @@
-"""The DeviceMesh of a plan: named dims pp, dp_replicate, dp_shard, cp, tp (tp innermost, so TP
-ranks are neighbours), plus flattened views used by data parallelism and data loading."""
+"""The DeviceMesh of a plan: named dims pp, dp_replicate, dp_shard, cp, tp in the plan's
+`mesh_order` (outer to inner; default tp innermost, so TP ranks are neighbours), plus flattened
+views used by data parallelism and data loading."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ class ParallelDims:
     dp_shard: int
     cp: int
     tp: int
+    order: tuple[str, ...] = MESH_DIMS  # mesh dims outer -> inner: which ranks share each group
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "ParallelDims":
         p = plan.parallel
-        return cls(pp=p.pp, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp)
+        order = tuple(plan.mesh_order) if plan.mesh_order else MESH_DIMS
+        return cls(pp=p.pp, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp, order=order)
 
     @property
     def world_size(self) -> int:
@@ -51,12 +54,20 @@ class Meshes:
     def __getitem__(self, names: str | tuple[str, ...]) -> DeviceMesh:
         if isinstance(names, str) and names in self.flat:
             return self.flat[names]
-        return self.root[names]
+        return self.root[in_mesh_order(self.root, names)]
+
+
+def in_mesh_order(root: DeviceMesh, names: str | tuple[str, ...]) -> str | tuple[str, ...]:
+    """`names` sorted as the root mesh lays its dims out (DeviceMesh slices need that order)."""
+    if isinstance(names, str):
+        return names
+    order = root.mesh_dim_names or ()
+    return tuple(sorted(names, key=lambda n: order.index(n) if n in order else len(order)))
 
 
 def build_mesh(dims: ParallelDims, device_type: str) -> Meshes:
-    shape = tuple(getattr(dims, name) for name in MESH_DIMS)
-    root = init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
-    flat = {"dp_shard_cp": root["dp_shard", "cp"]._flatten("dp_shard_cp"),
-            "dp": root["dp_replicate", "dp_shard"]._flatten("dp")}
+    shape = tuple(getattr(dims, name) for name in dims.order)
+    root = init_device_mesh(device_type, shape, mesh_dim_names=dims.order)
+    flat = {"dp_shard_cp": root[in_mesh_order(root, ("dp_shard", "cp"))]._flatten("dp_shard_cp"),
+            "dp": root[in_mesh_order(root, ("dp_replicate", "dp_shard"))]._flatten("dp")}
     return Meshes(root, flat)

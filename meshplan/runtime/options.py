@@ -7,6 +7,7 @@ from pathlib import Path
 
 from meshplan.errors import InputError
 from meshplan.specs.plan import Plan
+from meshplan.specs.rules import backend_for_device, unsupported_fields
 
 
 @dataclass
@@ -49,8 +50,9 @@ class RunOptions:
         return argv
 
 
-def check_runnable(plan: Plan) -> None:
-    """A plan can run when nothing is 'auto' and the runtime supports its combination."""
+def check_runnable(plan: Plan, device_type: str | None = None) -> None:
+    """A plan can run when nothing is 'auto' and the runtime supports its combination (on
+    `device_type`'s backend when given: None where it is not known, as for an sbatch script)."""
     auto = plan.auto_fields()
     if auto:
         raise InputError("plan", f"has 'auto' fields ({', '.join(auto)}); fill them with "
@@ -65,3 +67,20 @@ def check_runnable(plan: Plan) -> None:
         if n_micro < n_stages and p.pp_schedule not in ("GPipe", "1F1B"):
             raise InputError("training.global_batch", f"gives {n_micro} pipeline micro-batches per rank; "
                                                       f"{p.pp_schedule} needs at least pp*pp_virtual_stages = {n_stages}")
+    if device_type is not None:
+        check_backend(plan, device_type)
+
+
+def local_device_type() -> str:
+    """The device `meshplan run` workers started on this machine use (worker.pick_device)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_backend(plan: Plan, device_type: str) -> None:
+    """Refuse, naming the field, what the runtime cannot honour on this device's backend, before
+    anything launches (the rules are specs/rules.py's, which the planner follows too)."""
+    backend = backend_for_device(device_type)
+    for field_name, why in unsupported_fields(plan, backend):
+        raise InputError(field_name, f"cannot run on {device_type} ({backend}): {why}")

@@ -16,7 +16,7 @@ from meshplan.runtime.float8 import apply_float8
 from meshplan.runtime.mesh import Meshes, ParallelDims
 from meshplan.runtime.model import SeqLayout, Transformer, build_model, init_weights, keep_stage
 from meshplan.runtime.pipeline import split_layers, stage_ids
-from meshplan.runtime.tensor_parallel import apply_tp
+from meshplan.runtime.tensor_parallel import apply_tp, enable_async_tp
 from meshplan.specs.plan import Plan
 
 
@@ -54,9 +54,11 @@ def parallelize_model(plan: Plan, mesh: Meshes, dims: ParallelDims, device: torc
         model = build_model(spec, "meta")
         keep_stage(model, layers[sid], first=sid == 0, last=sid == n_stages - 1)
         if mem.float8:
-            apply_float8(model, emulate=float8_emulate)
+            apply_float8(model, emulate=float8_emulate, fsdp_float8_all_gather=dims.fsdp_size > 1)
         if dims.tp > 1:
             apply_tp(model, mesh["tp"], bool(p.sequence_parallel), bool(mem.float8), loss_parallel)
+            if p.async_tp:
+                enable_async_tp(mesh["tp"])
         if dims.cp > 1:
             layout = apply_cp(model, mesh["cp"])
         apply_ac(model, mem.activation_checkpointing, mem.sac_ops)

@@ -64,3 +64,21 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool, f
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
         parallelize_module(block, tp_mesh, plan)
+
+
+def enable_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Async TP, as TorchTitan runs it: inductor's micro-pipeline pass fuses each TP all-gather /
+    reduce-scatter with its matmul (over symmetric memory) in the compiled blocks. CUDA/NCCL with
+    compile only: check_runnable refuses it elsewhere (specs/rules.py)."""
+    import warnings
+
+    import torch._inductor.config as inductor_config
+
+    inductor_config._micro_pipeline_tp = True
+    try:  # needed up to ~2.10; deprecated (a no-op) later
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+    except ImportError:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        enable_symm_mem_for_group(tp_mesh.get_group().group_name)

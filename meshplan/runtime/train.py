@@ -22,6 +22,7 @@ from meshplan.runtime import checkpoint
 from meshplan.runtime.context_parallel import shard_sequence
 from meshplan.runtime.data import BatchSpec, local_rows, make_source
 from meshplan.runtime.faults import maybe_fail
+from meshplan.runtime.float8 import register_precompute
 from meshplan.runtime.mesh import ParallelDims, build_mesh
 from meshplan.runtime.metrics import (GIB, LiveTensorMemory, MetricsLog, StepMetrics, flops_per_token,
                                       load_profile_or_none, peak_flops_per_device)
@@ -93,7 +94,7 @@ class Trainer:
     device: torch.device
 
     def __post_init__(self) -> None:
-        check_runnable(self.plan)
+        check_runnable(self.plan, self.device.type)
         self.dims = ParallelDims.from_plan(self.plan)
         if dist.get_world_size() != self.dims.world_size:
             from meshplan.errors import InputError
@@ -103,6 +104,7 @@ class Trainer:
         self.model: ModelParts = parallelize_model(self.plan, self.mesh, self.dims, self.device, self.opts.seed,
                                                    float8_emulate=self.device.type == "cpu")
         self.optimizers, self.schedulers = build_optimizers(self.model.parts, self.opts)
+        register_precompute(self.optimizers, self.model.parts)  # float8 FSDP all-gather scales
         t = self.plan.training
         self.local_batch = t.global_batch // self.dims.dp
         self.n_micro = self.local_batch // t.micro_batch

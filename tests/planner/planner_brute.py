@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from meshplan.cost_models.estimate import estimate_layout, group_spans, stage_durations
-from meshplan.cost_models.layout import Layout, even_split
+from meshplan.cost_models.layout import Layout, even_split, runtime_paths
 from meshplan.fields import AUTO
 from meshplan.planner.command import build_plan_mapping
 from meshplan.planner.constraints import microbatch_reason
@@ -26,6 +26,7 @@ from meshplan.planner.placement import candidate_orders
 from meshplan.planner.stage_split import balanced_split
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS, Plan, plan_from_dict
+from meshplan.specs.rules import async_tp_reason, profile_backend
 
 SINGLE = ("GPipe", "1F1B")
 VSHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -131,10 +132,10 @@ def enumerate_space(plan: Plan, prof, global_batch: int, all_sac_subsets: bool =
         if pp > spec.n_layers:
             continue
         dp = dr * ds
-        probe = Layout(spec=spec, gpus=plan.gpus, seq_len=seq, global_batch=global_batch, micro_batch=1, dtype=dtype,
+        probe = runtime_paths(Layout(spec=spec, gpus=plan.gpus, seq_len=seq, global_batch=global_batch, micro_batch=1, dtype=dtype,
                        dp_replicate=dr, dp_shard=ds, tp=tp, sp=False, async_tp=False, pp=pp, schedule="1F1B", v=1,
                        stage_layers=even_split(spec.n_layers, pp), cp=cp, ac="none", sac_ops=None, float8=False,
-                       reshard_after_forward=True, compile=False)
+                       reshard_after_forward=True, compile=False), prof)
         orders, seen = [], set()
         for order in candidate_orders():
             key = tuple(sorted(group_spans(probe, prof, order).items()))
@@ -147,7 +148,10 @@ def enumerate_space(plan: Plan, prof, global_batch: int, all_sac_subsets: bool =
             n_micro = global_batch // (mb * dp)
             sps = [x for x in _opt(p.sequence_parallel, [True, False] if tp > 1 else [False])
                    if not (x and tp > 1 and (seq // cp) % tp)]
-            asyncs = _opt(p.async_tp, [False, True] if tp > 1 else [False])
+            # Async TP only where the runtime runs it (NCCL, compile possible): specs/rules.py.
+            runnable = async_tp_reason(tp, max(_opt(plan.compile, [False, True]), default=False),
+                                       profile_backend(prof.provenance)) is None
+            asyncs = _opt(p.async_tp, [False, True] if tp > 1 and runnable else [False])
             acs = []
             for ac in _opt(mem.activation_checkpointing, ["none", "selective", "full"]):
                 if ac != "selective":

@@ -22,6 +22,7 @@ from meshplan.planner.placement import candidate_orders  # noqa: E402
 from meshplan.planner.search import search  # noqa: E402
 from meshplan.profiles.registry import load_profile  # noqa: E402
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS, load_plan, plan_from_dict  # noqa: E402
+from meshplan.specs.rules import profile_backend  # noqa: E402
 
 # (model, gpus, seq_len, global_batch, cluster, fixes, usable-memory override)
 SEARCHES = {
@@ -228,7 +229,8 @@ def declared_space_size(plan, prof, global_batch: int, ac: int) -> int:
                        sac_ops=None, float8=False, reshard_after_forward=True, compile=False)
         orders = {tuple(sorted(group_spans(probe, prof, o).items())) for o in candidate_orders()}
         sp = 2 if tp > 1 else 1
-        async_tp = 2 if tp > 1 else 1
+        # Async TP is declared only where the runtime runs it: NCCL clusters (specs/rules.py).
+        async_tp = 2 if tp > 1 and profile_backend(prof.provenance) == "nccl" else 1
         reshard = 2 if (ds > 1 and pp == 1) else 1
         compile_ = 2
         sched = 1 if pp == 1 else 2 * (1 + 1 + 4 + 4 + 4 + 1 + 1)  # (schedule, v) pairs x {even, balanced}

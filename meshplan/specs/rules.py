@@ -1,0 +1,78 @@
+"""What the runtime can run on each backend: the one set of rules that the planner (which plans to
+offer), the estimate (which CP attention it prices) and `meshplan run` (which plans it refuses
+before launch) all read. Pure Python: no torch, so the cost model may import it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.specs.plan import MESH_DIMS, Plan
+
+NCCL, GLOO = "nccl", "gloo"
+BACKENDS = (NCCL, GLOO)
+RING, GATHER = "ring", "gather"
+
+
+def backend_for_device(device_type: str) -> str:
+    """The process-group backend the runtime uses on a device type (worker.pick_device)."""
+    return NCCL if device_type == "cuda" else GLOO
+
+
+def cp_attention_kind(backend: str) -> str:
+    """How context-parallel attention runs: PyTorch's ring attention (context_parallel's SDPA
+    dispatch) on NCCL/CUDA; on gloo/CPU, which PyTorch's ring does not support, meshplan's
+    all-gather of K/V with block-causal chunked attention (runtime/context_parallel.py)."""
+    return RING if backend == NCCL else GATHER
+
+
+def cp_kv_repeated(kind: str) -> bool:
+    """Whether K/V reach CP attention expanded to every query head. The ring path expands them:
+    under DTensor's SDPA dispatch the kernel is chosen on global shapes, and only some kernels
+    take grouped K/V; the gather path keeps them grouped (SDPA's enable_gqa)."""
+    return kind == RING
+
+
+def async_tp_reason(tp: int, compile_: bool, backend: str) -> str | None:
+    """Why async TP cannot run, or None. It is an inductor pass (torch._inductor.config.
+    _micro_pipeline_tp) over symmetric-memory collectives, which exist only on NCCL/CUDA."""
+    if tp <= 1:
+        return None  # moot: no TP collectives to overlap (the estimate ignores it too)
+    if backend != NCCL:
+        return f"needs CUDA/NCCL (symmetric memory); this backend is {backend}"
+    if not compile_:
+        return "needs compile: true (async TP is a torch.compile pass)"
+    return None
+
+
+def mesh_order_reason(order: list[str] | tuple[str, ...] | None) -> str | None:
+    """Why the runtime cannot build the device mesh in this order, or None. HSDP's 2-D mesh is
+    (replicate, shard), so dp_replicate must be outside dp_shard."""
+    if order is None:
+        return None
+    if sorted(order) != sorted(MESH_DIMS):
+        return f"must list each of {', '.join(MESH_DIMS)} once"
+    if list(order).index("dp_replicate") > list(order).index("dp_shard"):
+        return "must put dp_replicate outside (before) dp_shard: HSDP's mesh is (replicate, shard)"
+    return None
+
+
+def unsupported_fields(plan: Plan, backend: str) -> list[tuple[str, str]]:
+    """(field, reason) for every field of a complete plan the runtime cannot honour on `backend`."""
+    out: list[tuple[str, str]] = []
+    p = plan.parallel
+    if p.async_tp:
+        why = async_tp_reason(int(p.tp), bool(plan.compile), backend)
+        if why:
+            out.append(("parallel.async_tp", why))
+    why = mesh_order_reason(plan.mesh_order)
+    if why:
+        out.append(("mesh_order", why))
+    return out
+
+
+def profile_backend(provenance: dict[str, Any] | None) -> str:
+    """The backend a cluster profile describes: the one its benchmark world recorded
+    (profile-cluster writes provenance.world.backend); built-in GPU profiles record none: NCCL."""
+    world = (provenance or {}).get("world")
+    backend = world.get("backend") if isinstance(world, dict) else None
+    return backend if backend in BACKENDS else NCCL
