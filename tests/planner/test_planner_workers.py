@@ -134,11 +134,23 @@ def test_absorbing_a_worker_does_not_offer_its_plans_twice():
 @pytest.mark.timeout(300)
 def test_three_processes_find_the_top_400_one_finds(worker_use):
     # With three, the parent absorbs one worker while another still searches (two cannot show it).
-    plan = make_plan("small", 512, 1024, None, "h100-80g-dgx", ())
+    plan = make_plan("small", 512, 1024, 4096, "h100-80g-dgx", ())  # 4M tokens
     excludes = {"parallel.tp": [1]}
     one = search(plan, PROFILE, top_k=400, excludes=excludes, jobs=1)
     three = search(plan, PROFILE, top_k=400, excludes=excludes, jobs=3)
     assert worker_use == [False, True]
     assert len(one.ranked) == 400
-    assert [(c.layout, c.order, c.step_time_s) for c in three.ranked] == \
-        [(c.layout, c.order, c.step_time_s) for c in one.ranked]
+    # The same step times in the same order; the same plans wherever a step time is not shared
+    # (plans of exactly equal time, e.g. DualPipeV and ZBV on one layout, may come in either
+    # order, and at the K-th place either may make the cut).
+    assert [c.step_time_s for c in three.ranked] == [c.step_time_s for c in one.ranked]
+    last = one.ranked[-1].step_time_s
+
+    def by_time(res):
+        groups: dict[float, set] = {}
+        for c in res.ranked:
+            if c.step_time_s != last:
+                groups.setdefault(c.step_time_s, set()).add((c.layout, c.order))
+        return groups
+
+    assert by_time(three) == by_time(one) and len(by_time(one)) > 100

@@ -268,8 +268,6 @@ DECISIONS = {
     "memory.activation_checkpointing": effect_activation_checkpointing, "memory.sac_ops": effect_sac_ops,
     "memory.float8": effect_float8, "memory.reshard_after_forward": effect_reshard_after_forward,
 }
-# Fields whose effect another helper's work of issue 15 provides (bf16 compute: item 1).
-PENDING = {"training.dtype"}
 
 
 def test_every_field_has_a_decision():
@@ -278,8 +276,6 @@ def test_every_field_has_a_decision():
 
 @pytest.mark.parametrize("field_name", sorted(DECISIONS))
 def test_field_has_an_effect_or_is_refused(field_name):
-    if field_name in PENDING:
-        pytest.xfail("bf16 mixed precision lands with issue 15 item 1")
     DECISIONS[field_name]()
 
 
