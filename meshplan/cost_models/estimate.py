@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from meshplan.cost_models import constants
 from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
@@ -20,7 +21,6 @@ from meshplan.specs.plan import MESH_DIMS, Plan
 
 # Outer to inner, as TorchTitan builds its mesh: TP varies fastest so it stays inside a node.
 DEFAULT_MESH_ORDER = MESH_DIMS
-ADAMW_BYTES_PER_PARAM = 28.0  # read p, g, m, v and write p, m, v, all fp32
 
 
 @dataclass
@@ -320,7 +320,7 @@ def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
     """AdamW's memory traffic, plus the step's host work outside the blocks (optimizer ops, data-parallel
     hooks and their collective calls; 0 unless the profile prices host work, see host.py)."""
     local = stage_params(lay, rank).total / lay.fsdp_shard
-    return memory_bound_time(prof.device, local * (ADAMW_BYTES_PER_PARAM + 4.0)) + step_host_time(lay, prof, rank)
+    return memory_bound_time(prof.device, local * (constants.MODEL.adamw_bytes_per_param + 4.0)) + step_host_time(lay, prof, rank)
 
 
 def _recompute_flops_per_token(lay: Layout) -> float:
