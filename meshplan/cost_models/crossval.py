@@ -276,3 +276,46 @@ def cross_text(result: CrossResult | None = None) -> str:
         others = [w[key] for w in r.fitted_without.values() if key in w]
         lines.append(f"  {key[0]:<32} {key[1]:<14} {v:8.4g} | {min(others):.4g} .. {max(others):.4g}")
     return "\n".join(lines)
+
+
+def oos_document(result: CrossResult, rows: list[PublishedRow] | None = None) -> dict:
+    """What band.py reads: every whole-run row's features, out-of-sample error, published MFU and term shares."""
+    from meshplan.cost_models.band import device_class
+    from meshplan.cost_models.validate import predict
+
+    rows = rows or training_rows()
+    oos = {(e.source, e.label): e.step for e in result.out_of_sample}
+    builtin = {(e.source, e.label): e.step for e in result.builtin}
+    out = []
+    for row in rows:
+        if row.metric.startswith("layer_"):
+            continue  # one layer, not a run: no scale, no MFU
+        _, est, plan = predict(row)
+        key = (row.table, row.label)
+        p = plan.parallel
+        out.append({"source": row.table, "label": row.label, "oos_step_error": round(oos[key], 5),
+                    "published_mfu": round(est.mfu * (1 + builtin[key]), 5),
+                    "time_shares": {k: round(v / est.step_time_s, 4) for k, v in est.time_s.items()},
+                    "features": {"device": device_class(load_profile(plan.cluster).device.name), "gpus": plan.gpus,
+                                 "tp": p.tp, "pp": p.pp, "cp": p.cp, "fsdp": p.dp_shard,
+                                 "float8": bool(plan.memory.float8),
+                                 "stack": "megatron" if row.table.startswith("Megatron") else "pytorch"}})
+    return {"note": "written by `meshplan validate --cross --save`; rerun it after changing the cost model",
+            "rows": out}
+
+
+def save_oos(result: CrossResult) -> str:
+    import json
+    from pathlib import Path
+
+    from meshplan.yamlio import atomic_write_text
+
+    path = Path(__file__).parent.parent / "data" / "validation" / "oos_errors.json"
+    atomic_write_text(path, json.dumps(oos_document(result), indent=1) + "\n")
+    return str(path)
+
+
+def cross_report(save: bool = False) -> str:
+    result = cross_validate()
+    text = cross_text(result)
+    return text + (f"\nout-of-sample errors written to {save_oos(result)}" if save else "")

@@ -99,10 +99,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--constants", action="store_true", help="every cost-model constant: value, source, and MAPE at its physical default")
     ap.add_argument("--cross", action="store_true", help="refit the fitted constants with each published table left out")
+    ap.add_argument("--save", action="store_true", help="with --cross: write the out-of-sample errors the estimate bands use")
     args = ap.parse_args(argv)
     if args.constants or args.cross:
-        from meshplan.cost_models.crossval import constants_text, cross_text
-        print("\n\n".join(f() for f, on in ((constants_text, args.constants), (cross_text, args.cross)) if on))
+        from meshplan.cost_models.crossval import constants_text, cross_report
+        print("\n\n".join(f() for f, on in ((constants_text, args.constants),
+                                             (lambda: cross_report(args.save), args.cross)) if on))
         return 0
     results = validation_results()
     groups = _table_groups(results)

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from meshplan.cost_models.band import band_of
 from meshplan.cost_models.flops import model_flops_per_token
 from meshplan.cost_models.memory import GIB
 from meshplan.planner.search import Candidate, SearchResult
@@ -82,14 +83,24 @@ def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, cand
         console.print(f"[yellow]warning: {w}[/yellow]")
     table = Table(title=f"{base.model.name} on {base.gpus} x {profile.device.name} ({profile.name}), "
                         f"seq {result.ranked[0].layout.seq_len}, global batch {result.ranked[0].layout.global_batch}")
-    for col in ("#", "tok/s/GPU", "MFU", "step s", "peak GiB", "dp_rep", "dp_shard", "cp", "tp", "pp", "knobs"):
+    for col in ("#", "tok/s/GPU", "MFU (bf16 dense peak)", "step s", "step band s", "extrap.", "peak GiB", "dp_rep",
+                "dp_shard", "cp", "tp", "pp", "knobs"):
         table.add_column(col, justify="right" if col not in ("knobs",) else "left")
+    extrapolated: list[str] = []
     for i, c in enumerate(result.ranked, 1):
         e, lay = c.estimate, c.layout
-        table.add_row(str(i), f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu:.1%}", f"{e.step_time_s:.3f}",
+        band = band_of(c.to_plan(base), e)  # only for the plans shown
+        if band.extrapolated:
+            extrapolated.append(f"#{i}: {band.extrapolation}")
+        mfu = f"{e.mfu:.1%}" + (f" ({e.mfu_fp8:.1%} fp8)" if e.mfu_fp8 is not None else "")
+        table.add_row(str(i), f"{e.tokens_per_s_per_gpu:,.0f}", mfu, f"{e.step_time_s:.3f}",
+                      f"{band.low_s:.2f}-{band.high_s:.2f}", "YES" if band.extrapolated else "no",
                       f"{e.peak_memory_gib:.1f}", str(lay.dp_replicate), str(lay.dp_shard), str(lay.cp), str(lay.tp),
                       str(lay.pp), _knobs(lay))
     console.print(table)
+    console.print("step band: the out-of-sample errors of the nearest published runs (meshplan validate --cross)")
+    for line in extrapolated:
+        console.print(f"[yellow]extrapolated {line}[/yellow]")
     n = result.counts()
     console.print(f"searched {n['space']:,} plans in {result.search_time_s:.2f} s: {n['scored_exactly']:,} scored "
                   f"({n['simulated']:,} pipeline simulations on durations rounded to 1%, "
