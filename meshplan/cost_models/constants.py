@@ -103,6 +103,7 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("device.sustained_fraction", *_device("sustained_fraction"), 1.0,
                     "share of the best-case tensor-core rate (MAMF, FA2 benchmark) that training sustains",
                     {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), "h100-96g-gt": TORCHTITAN}, (0.5, 1.0)),
+    # h100-80g-dgx (700 W) carries the A100's full-TDP 0.85: data/validation/sustained_fraction.csv
     ProfileConstant("device.memory_bound_efficiency", *_device("memory_bound_efficiency"), 1.0,
                     "share of datasheet HBM bandwidth an eager elementwise kernel reaches (STREAM-like copy "
                     "kernels reach 0.7-0.8 of datasheet on A100/H100; profile-cluster measures it)"),
