@@ -6,6 +6,7 @@ import json
 import sys
 
 from meshplan.argparsing import ArgumentParser
+from meshplan.cost_models.band import band_of
 from meshplan.cost_models.estimate import Estimate, estimate_plan
 from meshplan.errors import InputError
 from meshplan.profiles.registry import load_profile
@@ -35,7 +36,13 @@ def _print_breakdown(plan: Plan, est: Estimate) -> None:
           f"float8 {m.float8}, compile {plan.compile}")
     print(f"\nstep time      {est.step_time_s:10.4f} s")
     print(f"tokens/s/GPU   {est.tokens_per_s_per_gpu:10.1f}")
-    print(f"MFU / HFU      {est.mfu:10.1%} / {est.hfu:.1%}")
+    print(f"MFU / HFU      {est.mfu:10.1%} / {est.hfu:.1%}  (against the {est.mfu_peak} peak)")
+    if est.mfu_fp8 is not None:
+        print(f"MFU (fp8 peak) {est.mfu_fp8:10.1%}")
+    band = band_of(plan, est)
+    print(f"step time band {band.low_s:10.4f} .. {band.high_s:.4f} s  (out-of-sample errors of the "
+          f"{len(band.nearest)} nearest published runs; nearest at distance {band.nearest[0]['distance']:g})")
+    print(f"extrapolated   {'YES' if band.extrapolated else 'no':>10}  {band.extrapolation}")
     fit = "fits" if est.fits else "DOES NOT FIT"
     print(f"peak memory    {est.peak_memory_gib:10.2f} GiB of {est.usable_memory_gib:.1f} usable ({fit})")
     print("\ntime per step (s):")
@@ -61,7 +68,7 @@ def main(argv: list[str]) -> int:
     else:
         plan, est = fill_auto(plan, profile)
     if args.json:
-        json.dump(est.to_json(plan), sys.stdout, indent=2)
+        json.dump({**est.to_json(plan), **band_of(plan, est).to_json()}, sys.stdout, indent=2)
         print()
     else:
         _print_breakdown(plan, est)

@@ -19,12 +19,13 @@ def matmul_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> f
     """Achievable TFLOP/s of an (m x k) @ (k x n) matmul."""
     dtype = compute_dtype(dtype, device)
     points = [p for p in device.matmul.points if p.get("dtype") == dtype]
+    sustained = device.sustained_fraction  # best-case benchmark rate -> what training sustains
     if points:
-        return _interpolate_points(tuple((p["m"], p["n"], p["k"], p["tflops"]) for p in points), m, n, k)
+        return sustained * _interpolate_points(tuple((p["m"], p["n"], p["k"], p["tflops"]) for p in points), m, n, k)
     peak = device.peak_tflops[dtype]
     frac = device.matmul.max_fraction.get(dtype, device.matmul.max_fraction.get("bf16", 0.7))
     h = device.matmul.half_dim
-    return peak * frac * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+    return sustained * peak * frac * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
 
 
 @lru_cache(maxsize=256)
@@ -59,9 +60,9 @@ def attention_tflops(device: Device, seq_len: float, dtype: str) -> float:
         xs = np.log2([p["seq_len"] for p in points])
         ys = np.array([p["tflops"] for p in points])
         order = np.argsort(xs)
-        return float(np.interp(math.log2(max(seq_len, 1.0)), xs[order], ys[order]))
+        return device.sustained_fraction * float(np.interp(math.log2(max(seq_len, 1.0)), xs[order], ys[order]))
     peak = device.peak_tflops[dtype]
-    return peak * att.max_fraction * seq_len / (seq_len + att.half_seq)
+    return device.sustained_fraction * peak * att.max_fraction * seq_len / (seq_len + att.half_seq)
 
 
 def memory_bound_time(device: Device, nbytes: float) -> float:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from meshplan.cost_models import constants
 from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
@@ -20,7 +21,6 @@ from meshplan.specs.plan import MESH_DIMS, Plan
 
 # Outer to inner, as TorchTitan builds its mesh: TP varies fastest so it stays inside a node.
 DEFAULT_MESH_ORDER = MESH_DIMS
-ADAMW_BYTES_PER_PARAM = 28.0  # read p, g, m, v and write p, m, v, all fp32
 
 
 @dataclass
@@ -38,6 +38,8 @@ class Estimate:
     pipeline: dict[str, Any] = field(default_factory=dict)
     placement: dict[str, str] = field(default_factory=dict)
     usable_memory_gib: float = 0.0
+    mfu_peak: str = "bf16 dense"  # the peak `mfu` is measured against
+    mfu_fp8: float | None = None  # float8 plans: model FLOPs against the dense fp8 peak
 
     def to_json(self, plan: Plan | None = None) -> dict[str, Any]:
         out = {
@@ -54,6 +56,8 @@ class Estimate:
             "per_rank_memory_gib": self.per_rank_memory_gib,
             "pipeline": self.pipeline,
             "placement": self.placement,
+            "mfu_peak": self.mfu_peak,
+            "mfu_fp8": self.mfu_fp8,
         }
         if plan is not None:
             out["plan"] = plan.to_dict()
@@ -236,8 +240,10 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     peak = max(mems, key=lambda m: m.total)
     tokens_per_s = lay.global_batch * lay.seq_len / step / lay.gpus
     mflops = model_flops_per_token(lay.spec, lay.seq_len)
-    peak_flops = prof.device.peak_tflops.get("bf16", prof.device.peak_tflops.get("fp32")) * 1e12
-    mfu = mflops * tokens_per_s / peak_flops
+    peaks = prof.device.peak_tflops
+    peak_name = "bf16" if "bf16" in peaks else "fp32"
+    mfu = mflops * tokens_per_s / (peaks[peak_name] * 1e12)
+    mfu_fp8 = mflops * tokens_per_s / (peaks["fp8"] * 1e12) if lay.float8 and "fp8" in peaks else None
     usable = prof.device.usable_memory_gib
     return Estimate(
         step_time_s=step,
@@ -255,6 +261,8 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
                   "in_flight": list(in_flight), "p2p_s": d.p2p},
         placement=placement_of(spans, prof),
         usable_memory_gib=usable,
+        mfu_peak=f"{peak_name} dense",
+        mfu_fp8=mfu_fp8,
     )
 
 
@@ -320,7 +328,7 @@ def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
     """AdamW's memory traffic, plus the step's host work outside the blocks (optimizer ops, data-parallel
     hooks and their collective calls; 0 unless the profile prices host work, see host.py)."""
     local = stage_params(lay, rank).total / lay.fsdp_shard
-    return memory_bound_time(prof.device, local * (ADAMW_BYTES_PER_PARAM + 4.0)) + step_host_time(lay, prof, rank)
+    return memory_bound_time(prof.device, local * (constants.MODEL.adamw_bytes_per_param + 4.0)) + step_host_time(lay, prof, rank)
 
 
 def _recompute_flops_per_token(lay: Layout) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.cost_models import constants
 from meshplan.cost_models.activations import attention_core_only, recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
@@ -12,10 +13,7 @@ from meshplan.cost_models.host import block_host, embedding_host, head_host
 from meshplan.cost_models.layout import Layout
 from meshplan.profiles.schema import ClusterProfile
 
-# Attention backward does 2.5x the forward's FLOPs (recomputed scores, dQ, dK, dV).
-ATTENTION_BWD_FACTOR = 2.5
-# fp8 casts: input, weight and output-gradient passes of each float8 matmul, in elements read+written.
-FLOAT8_CAST_PASSES = 3.0
+# Pass counts and FLOP ratios live in constants.MODEL, each with its source.
 
 
 @dataclass
@@ -50,7 +48,7 @@ class BlockTime:
 
 
 def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> BlockTime:
-    dev = prof.device
+    dev, K = prof.device, constants.MODEL
     spec = lay.spec
     T = lay.tokens_per_micro
     eff = prof.overheads.kernel_efficiency
@@ -65,14 +63,14 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
     else:
         att_flops = attention_flops_per_token(spec, lay.seq_len, causal=True) * T / lay.tp
         att_fwd = att_flops / (attention_tflops(dev, lay.seq_len, lay.dtype) * 1e12) / eff
-        att_bwd = ATTENTION_BWD_FACTOR * att_fwd / dev.attention.backward_ratio
+        att_bwd = K.attention_backward_factor * att_fwd / dev.attention.backward_ratio
     ring_fwd, ring_bwd = _ring_attention_bookkeeping(lay, prof)
     att_fwd, att_bwd = att_fwd + ring_fwd, att_bwd + ring_bwd
     elem_fwd, elem_bwd = elementwise_times(lay, prof)
     cast = 0.0
     if lay.float8:
         cast_elems = sum(T * (mm.k + mm.n) + mm.k * mm.n for mm in layer_matmuls(spec, lay.tp))
-        cast = memory_bound_time(dev, cast_elems * FLOAT8_CAST_PASSES)
+        cast = memory_bound_time(dev, cast_elems * K.float8_cast_passes)
         if lay.compile:
             cast /= prof.overheads.compile_speedup
     bt = BlockTime()
@@ -101,13 +99,7 @@ def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile) -> None:
     bt.recompute += r.seconds(o)
 
 
-# Eager attention passes over the (heads x s x s) scores, in elements read or written (a 1-byte mask
-# counts as half a 2-byte pass). Forward: scale-mask-softmax reads the scores and writes the
-# probabilities (2), dropout reads them and writes its output and a mask (2.5). Backward: dropout's
-# reads the gradient and the mask and writes (2.5), softmax's reads the gradient and the
-# probabilities and writes (3).
-EAGER_SCORE_PASSES_FWD = 4.5
-EAGER_SCORE_PASSES_BWD = 5.5
+# Eager attention's passes over the (heads x s x s) scores: constants.MODEL.eager_score_passes_*.
 
 
 def _eager_attention(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
@@ -119,8 +111,9 @@ def _eager_attention(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
     s, hd = lay.seq_len, spec.head_dim
     mm = 2 * heads * seqs * matmul_time(dev, s, s, hd, lay.dtype) / prof.overheads.kernel_efficiency
     score_bytes = heads * seqs * s * s * lay.act_bytes
-    return (mm + memory_bound_time(dev, score_bytes * EAGER_SCORE_PASSES_FWD),
-            2 * mm + memory_bound_time(dev, score_bytes * EAGER_SCORE_PASSES_BWD))
+    K = constants.MODEL
+    return (mm + memory_bound_time(dev, score_bytes * K.eager_score_passes_fwd),
+            2 * mm + memory_bound_time(dev, score_bytes * K.eager_score_passes_bwd))
 
 
 def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, elem_fwd: float) -> float:
@@ -165,11 +158,11 @@ def _pytorch_elementwise_bytes(lay: Layout) -> float:
     fp32 complex multiply (~15), the SwiGLU/GELU activation (5) and attention layout copies (8).
     Backward moves about twice this. torch.compile fuses most of it (profile compile_speedup).
     """
-    spec = lay.spec
+    spec, K = lay.spec, constants.MODEL
     sp_div = lay.tp if lay.sp else 1
-    per_token = (2 * 20 + 2 * 3) * spec.dim / sp_div
-    rope = 15 * (spec.dim + spec.kv_dim) if spec.arch == "llama" else 0
-    per_token += (rope + 8 * (spec.dim + 2 * spec.kv_dim) + 5 * spec.ffn_dim) / lay.tp
+    per_token = (2 * K.norm_passes + 2 * K.residual_passes) * spec.dim / sp_div
+    rope = K.rope_passes * (spec.dim + spec.kv_dim) if spec.arch == "llama" else 0
+    per_token += (rope + K.layout_passes * (spec.dim + 2 * spec.kv_dim) + K.activation_passes * spec.ffn_dim) / lay.tp
     return lay.tokens_per_micro * per_token * lay.act_bytes
 
 
@@ -253,7 +246,7 @@ def head_time(lay: Layout, prof: ClusterProfile) -> HeadTime:
     fwd_mm = matmul_time(dev, T, mm.n, mm.k, lay.dtype) / prof.overheads.kernel_efficiency
     logits = T * lay.spec.vocab_size / lay.tp
     # Upcast, log-softmax, loss gather: about 4 passes over fp32 logits forward, 4 backward.
-    loss = memory_bound_time(dev, logits * 4 * 4)
+    loss = memory_bound_time(dev, logits * constants.MODEL.loss_passes * 4)
     host_f, host_b = head_host(lay)
     o = prof.overheads
     return HeadTime(forward=fwd_mm + loss + host_f.seconds(o), backward=2 * fwd_mm + loss + host_b.seconds(o))

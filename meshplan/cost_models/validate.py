@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Callable
 
 from meshplan.argparsing import ArgumentParser
 from meshplan.cost_models.estimate import Estimate, estimate_plan, group_spans
@@ -13,12 +14,12 @@ from meshplan.cost_models.published_comm import USED_ELSEWHERE, collective_rows
 from meshplan.cost_models.published import PublishedRow, korthikanti_layer_rows, megatron_rows, torchtitan_rows
 from meshplan.cost_models.timing import block_time
 from meshplan.profiles.registry import load_profile
+from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import Plan
 
 
-def _best_micro_batch(plan: Plan, overrides: dict) -> tuple[Plan, Estimate]:
+def _best_micro_batch(plan: Plan, overrides: dict, prof: ClusterProfile) -> tuple[Plan, Estimate]:
     """Where a source leaves the micro-batch unstated: the fastest that fits, by this model."""
-    prof = load_profile(plan.cluster)
     local = plan.training.global_batch // plan.parallel.dp()
     best = None
     for mb in [d for d in range(1, local + 1) if local % d == 0]:
@@ -31,9 +32,8 @@ def _best_micro_batch(plan: Plan, overrides: dict) -> tuple[Plan, Estimate]:
     return best[1], best[2]
 
 
-def predict_layer_ms(row: PublishedRow) -> float:
+def predict_layer_ms(row: PublishedRow, prof: ClusterProfile) -> float:
     """One block's forward, or backward (recompute included), for one micro-batch, in milliseconds."""
-    prof = load_profile(row.plan.cluster)
     lay = replace(layout_of(row.plan), **row.layout_overrides)
     bt = block_time(lay, prof, group_spans(lay, prof))
     if row.metric == "layer_forward_ms":
@@ -41,14 +41,16 @@ def predict_layer_ms(row: PublishedRow) -> float:
     return 1e3 * (bt.backward_input_with_comm + bt.backward_weight)
 
 
-def predict(row: PublishedRow) -> tuple[float, Estimate | None, Plan]:
+def predict(row: PublishedRow, load: Callable[[str], ClusterProfile] = load_profile) -> tuple[float, Estimate | None, Plan]:
+    """The row's figure as the model predicts it; `load` gives the profile (a variant, for --constants / --cross)."""
     plan = row.plan
+    prof = load(plan.cluster)
     if row.metric.startswith("layer_"):
-        return predict_layer_ms(row), None, plan
+        return predict_layer_ms(row, prof), None, plan
     if plan.training.micro_batch == "auto":
-        plan, est = _best_micro_batch(plan, row.layout_overrides)
+        plan, est = _best_micro_batch(plan, row.layout_overrides, prof)
     else:
-        est = estimate_plan(plan, load_profile(plan.cluster), **row.layout_overrides)
+        est = estimate_plan(plan, prof, **row.layout_overrides)
     if row.metric == "tflops_per_gpu":
         t = plan.training
         value = megatron_flops_per_iteration(plan.model, t.seq_len, t.global_batch) / est.step_time_s / plan.gpus / 1e12
@@ -95,7 +97,15 @@ def _table_groups(results: list[dict]) -> dict[str, list[dict]]:
 def main(argv: list[str]) -> int:
     ap = ArgumentParser(prog="meshplan validate", description="Predicted vs published measurements.")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--constants", action="store_true", help="every cost-model constant: value, source, and MAPE at its physical default")
+    ap.add_argument("--cross", action="store_true", help="refit the fitted constants with each published table left out")
+    ap.add_argument("--save", action="store_true", help="with --cross: write the out-of-sample errors the estimate bands use")
     args = ap.parse_args(argv)
+    if args.constants or args.cross:
+        from meshplan.cost_models.crossval import constants_text, cross_report
+        print("\n\n".join(f() for f, on in ((constants_text, args.constants),
+                                             (lambda: cross_report(args.save), args.cross)) if on))
+        return 0
     results = validation_results()
     groups = _table_groups(results)
     summary = {}

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from meshplan.cost_models.band import band_of
 from meshplan.cost_models.flops import model_flops_per_token
 from meshplan.cost_models.memory import GIB
 from meshplan.planner.search import Candidate, SearchResult
@@ -135,15 +136,25 @@ def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, cand
                         f"seq {result.ranked[0].layout.seq_len}, global batch {result.ranked[0].layout.global_batch}")
     plans = [c.to_plan(base) for c in result.ranked]
     extra = differing_fields(plans)
-    for col in ("#", "tok/s/GPU", "MFU", "step s", "peak GiB", "dp_rep", "dp_shard", "cp", "tp", "pp", "knobs", *extra):
+    for col in ("#", "tok/s/GPU", "MFU (bf16 dense peak)", "step s", "step band s", "extrap.", "peak GiB", "dp_rep",
+                "dp_shard", "cp", "tp", "pp", "knobs", *extra):
         table.add_column(col, justify="right" if col not in ("knobs", *extra) else "left")
+    extrapolated: list[str] = []
     for i, (c, plan) in enumerate(zip(result.ranked, plans), 1):
         e, lay = c.estimate, c.layout
+        band = band_of(plan, e)  # only for the plans shown
+        if band.extrapolated:
+            extrapolated.append(f"#{i}: {band.extrapolation}")
+        mfu = f"{e.mfu:.1%}" + (f" ({e.mfu_fp8:.1%} fp8)" if e.mfu_fp8 is not None else "")
         flat = _flat_fields(plan)
-        table.add_row(str(i), f"{e.tokens_per_s_per_gpu:,.0f}", f"{e.mfu:.1%}", f"{e.step_time_s:.3f}",
+        table.add_row(str(i), f"{e.tokens_per_s_per_gpu:,.0f}", mfu, f"{e.step_time_s:.3f}",
+                      f"{band.low_s:.2f}-{band.high_s:.2f}", "YES" if band.extrapolated else "no",
                       format_gib(e.peak_memory_gib), str(lay.dp_replicate), str(lay.dp_shard), str(lay.cp),
                       str(lay.tp), str(lay.pp), _knobs(lay), *(flat.get(k, "") for k in extra))
     console.print(table)
+    console.print("step band: the out-of-sample errors of the nearest published runs (meshplan validate --cross)")
+    for line in extrapolated:
+        console.print(f"[yellow]extrapolated {line}[/yellow]")
     n = result.counts()
     console.print(f"searched {n['space']:,} plans in {result.search_time_s:.2f} s: {n['scored_exactly']:,} scored "
                   f"({n['simulated']:,} pipeline simulations on durations rounded to 1%, "

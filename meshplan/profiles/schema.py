@@ -49,6 +49,9 @@ class Device:
     matmul: MatmulModel
     attention: AttentionModel
     memory_bound_efficiency: float = 0.7
+    # Share of the measured best-case tensor-core rate (matmul max_fraction / points, attention) that
+    # training sustains: power and clock limits, SMs shared with NCCL kernels (cost_models/constants.py).
+    sustained_fraction: float = 1.0
 
 
 @dataclass
@@ -264,6 +267,7 @@ def _device(raw: Any, where: str) -> Device:
         matmul=matmul,
         attention=attention,
         memory_bound_efficiency=_fraction(raw.get("memory_bound_efficiency", 0.7), f"{where}.memory_bound_efficiency"),
+        sustained_fraction=_fraction(raw.get("sustained_fraction", 1.0), f"{where}.sustained_fraction"),
     )
 
 

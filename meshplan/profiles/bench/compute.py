@@ -79,7 +79,7 @@ def matmul_cost(m: int, n: int, k: int, tflops: float, settings: ComputeSettings
 
 
 # Attention backward does 2.5x the forward's FLOPs (five s^2 GEMMs against two): FlashAttention's
-# convention, and the cost model's (cost_models/timing.py ATTENTION_BWD_FACTOR).
+# convention, and the cost model's (cost_models/constants.py attention_backward_factor).
 ATTENTION_BWD_FLOPS = 2.5
 
 

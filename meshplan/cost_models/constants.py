@@ -1,0 +1,143 @@
+"""Every constant of the cost model, in one registry, each with its value, its source or the rows it was
+fitted on, and its physical default (what the term is worth with no empirical correction).
+
+Two kinds: constants of the code (MODEL, read by timing.py and estimate.py at call time) and constants a
+cluster profile carries (PROFILE_CONSTANTS: how to read and set each on a ClusterProfile; the values live in
+the built-in YAML files, the sources here and in each profile's provenance). `meshplan validate --constants`
+lists both and measures how far validation moves when each is put at its physical default.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable, Iterator
+
+from meshplan.profiles.schema import ClusterProfile
+
+# Published tables that fitted constants may be fitted on (the validation sources).
+MEGATRON = "Megatron-LM SC'21 Table 1"
+KORTHIKANTI = "Korthikanti 2022 Table 4 (22B layer)"
+TORCHTITAN = tuple(f"TorchTitan H100 (Table {i})" for i in range(1, 7))
+
+
+def const(value: float, physical: float, source: str, fitted_on: tuple[str, ...] = ()) -> float:
+    """A dataclass field carrying its physical default, its source and the tables it was fitted on."""
+    return field(default=value, metadata={"physical": physical, "source": source, "fitted_on": fitted_on})
+
+
+@dataclass(frozen=True)
+class ModelConstants:
+    """Constants of the code: derived from kernel reads and papers, none fitted."""
+
+    attention_backward_factor: float = const(
+        2.5, 2.5, "FLOP ratio: attention backward runs 5 matmuls (recomputed scores, dP, dQ, dK, dV) to the "
+        "forward's 2 (Dao 2023, FlashAttention-2, Sec. 3.1)")
+    float8_cast_passes: float = const(
+        3.0, 0.0, "torchao float8 dynamic scaling: input, weight and grad-output cast, each an amax read + scaled "
+        "write of the matmul's operands (torchao float8 linear, 2024)")
+    eager_score_passes_fwd: float = const(
+        4.5, 4.5, "Megatron eager attention: scale-mask-softmax reads scores, writes probs (2); dropout reads, "
+        "writes output and a 1-byte mask (2.5); counted from Megatron-LM's fused_softmax / dropout kernels")
+    eager_score_passes_bwd: float = const(
+        5.5, 5.5, "dropout backward reads grad + mask, writes (2.5); softmax backward reads grad + probs, writes (3)")
+    norm_passes: float = const(
+        20.0, 2.0, "eager RMSNorm/LayerNorm in fp32 (cast, square, mean, rsqrt-scale, weight, cast back): "
+        "~20 element passes counted from the runtime's ops (timing._pytorch_elementwise_bytes)")
+    residual_passes: float = const(3.0, 3.0, "residual add: read 2, write 1")
+    rope_passes: float = const(
+        15.0, 2.0, "RoPE on q and k via fp32 complex multiply (view_as_complex, cast, mul, cast back): ~15 passes")
+    layout_passes: float = const(
+        8.0, 0.0, "attention layout copies (transpose/contiguous of q, k, v and the output): ~8 passes")
+    activation_passes: float = const(5.0, 3.0, "SwiGLU silu(w1) * w3 / GELU: read 2, write 1, plus the silu itself")
+    loss_passes: float = const(4.0, 2.0, "cross-entropy over fp32 logits: upcast, log-softmax, gather: ~4 passes each way")
+    adamw_bytes_per_param: float = const(
+        28.0, 28.0, "AdamW (fp32): read p, g, m, v and write p, m, v = 7 x 4 bytes (exact)")
+
+
+MODEL = ModelConstants()
+
+
+@contextmanager
+def model_constants(**values: float) -> Iterator[ModelConstants]:
+    """MODEL with some fields replaced, for the duration (the cost model reads MODEL at call time)."""
+    global MODEL
+    old = MODEL
+    MODEL = replace(old, **values)
+    try:
+        yield MODEL
+    finally:
+        MODEL = old
+
+
+@dataclass(frozen=True)
+class ProfileConstant:
+    """A constant a cluster profile carries: how to read and set it, its physical default, where it comes from."""
+
+    name: str
+    get: Callable[[ClusterProfile], float]
+    set: Callable[[ClusterProfile, float], ClusterProfile]
+    physical: float
+    source: str
+    fitted_on: dict[str, tuple[str, ...]] = field(default_factory=dict)  # profile name -> tables it was fitted on
+    bounds: tuple[float, float] = (0.0, 1.0)  # for a fit
+    time: bool = True  # a time term (else memory)
+
+
+def _overhead(name: str):
+    return (lambda p: getattr(p.overheads, name),
+            lambda p, v: replace(p, overheads=replace(p.overheads, **{name: v})))
+
+
+def _device(name: str):
+    return (lambda p: getattr(p.device, name),
+            lambda p, v: replace(p, device=replace(p.device, **{name: v})))
+
+
+def _attention(name: str):
+    return (lambda p: getattr(p.device.attention, name),
+            lambda p, v: replace(p, device=replace(p.device, attention=replace(p.device.attention, **{name: v}))))
+
+
+PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
+    ProfileConstant("device.sustained_fraction", *_device("sustained_fraction"), 1.0,
+                    "share of the best-case tensor-core rate (MAMF, FA2 benchmark) that training sustains",
+                    {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), "h100-96g-gt": TORCHTITAN}, (0.5, 1.0)),
+    # h100-80g-dgx (700 W) carries the A100's full-TDP 0.85: data/validation/sustained_fraction.csv
+    ProfileConstant("device.memory_bound_efficiency", *_device("memory_bound_efficiency"), 1.0,
+                    "share of datasheet HBM bandwidth an eager elementwise kernel reaches (STREAM-like copy "
+                    "kernels reach 0.7-0.8 of datasheet on A100/H100; profile-cluster measures it)"),
+    ProfileConstant("device.attention.backward_ratio", *_attention("backward_ratio"), 1.0,
+                    "FlashAttention-2 backward vs forward throughput on H100, 318-322 / 370 TFLOP/s at 8-16k "
+                    "(Shah et al. 2024, FlashAttention-3 paper, Fig. 5-6); A100 default 0.75"),
+    ProfileConstant("overheads.compile_speedup", *_overhead("compile_speedup"), 1.0,
+                    "eager / fused elementwise bytes under torch.compile", {"h100-96g-gt": TORCHTITAN[0:1] + TORCHTITAN[2:3]},
+                    (1.0, 4.0)),
+    ProfileConstant("overheads.tp_async_overlap", *_overhead("tp_async_overlap"), 0.0,
+                    "share of TP comm async TP hides: TorchTitan Table 4 A/B (829 -> 876 tok/s/GPU)",
+                    {"h100-96g-gt": TORCHTITAN[3:4]}),
+    ProfileConstant("overheads.fsdp_overlap", *_overhead("fsdp_overlap"), 0.0,
+                    "share of the critical rank's compute that FSDP/DP collectives can hide under (prefetch on a "
+                    "separate stream); unsourced guess 0.9 before the cross-validated fit",
+                    {"a100-80g-dgx": (MEGATRON,), "h100-96g-gt": TORCHTITAN}),
+    ProfileConstant("overheads.cp_overlap", *_overhead("cp_overlap"), 0.0,
+                    "share of ring-attention K/V exchange hidden under the block attention; unsourced guess 0.8 "
+                    "before the cross-validated fit", {"h100-96g-gt": (TORCHTITAN[1], TORCHTITAN[5])}),
+    ProfileConstant("overheads.kernel_efficiency", *_overhead("kernel_efficiency"), 1.0,
+                    "multiplier on compute throughput; 1.0 in every built-in (no correction)"),
+    ProfileConstant("overheads.step_overhead_s", *_overhead("step_overhead_s"), 0.0,
+                    "fixed cost per step; 0 in every built-in (calibrate fits it on measured runs)", bounds=(0.0, 10.0)),
+    ProfileConstant("overheads.memory_fragmentation", *_overhead("memory_fragmentation"), 0.0,
+                    "CUDA caching-allocator slack on live tensors (~5 %, allocator practice)", time=False),
+    ProfileConstant("overheads.context_gib", *_overhead("context_gib"), 0.0,
+                    "CUDA context + NCCL buffers + cuBLAS workspace per rank (~1 GiB)", time=False, bounds=(0.0, 4.0)),
+)
+
+
+def profile_constant(name: str) -> ProfileConstant:
+    return next(c for c in PROFILE_CONSTANTS if c.name == name)
+
+
+def model_constant_fields() -> list:
+    """The code constants as dataclass fields (name, default value, metadata)."""
+    return list(fields(ModelConstants))

@@ -1,0 +1,321 @@
+"""How much the published training runs trust the model: constants at their physical defaults
+(`validate --constants`) and the fitted constants refit with each published table left out (`validate --cross`).
+
+Errors are step-time errors, predicted / measured - 1 (negative = the model is optimistic), whatever
+figure a table printed: a throughput row's step-time error is published / predicted - 1.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, fields, replace
+from typing import Callable
+
+from meshplan.cost_models import constants
+from meshplan.cost_models.constants import PROFILE_CONSTANTS, ProfileConstant
+from meshplan.cost_models.published import PublishedRow, korthikanti_layer_rows, megatron_rows, torchtitan_rows
+from meshplan.profiles.registry import load_profile
+from meshplan.profiles.schema import ClusterProfile
+
+Transform = Callable[[str, ClusterProfile], ClusterProfile]  # (profile name, profile) -> profile to predict with
+GOLDEN_ITERATIONS = 14  # interval shrinks to 0.618^14 ~ 0.1 % of the bounds
+SWEEPS = 2
+
+
+def training_rows() -> list[PublishedRow]:
+    return [r for r in megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() if not r.skipped]
+
+
+def loader(transform: Transform | None = None) -> Callable[[str], ClusterProfile]:
+    """load_profile with `transform` applied, on fresh profile objects (no cost-model memo carried over)."""
+    cache: dict[str, ClusterProfile] = {}
+
+    def load(name: str) -> ClusterProfile:
+        if name not in cache:
+            prof = replace(load_profile(name))
+            cache[name] = transform(name, prof) if transform else prof
+        return cache[name]
+    return load
+
+
+@dataclass
+class RowError:
+    source: str
+    label: str
+    step: float  # predicted / measured step time - 1
+    memory: float | None = None
+
+
+def row_errors(rows: list[PublishedRow], transform: Transform | None = None) -> list[RowError]:
+    from meshplan.cost_models.validate import predict  # validate imports this module's users
+
+    load = loader(transform)
+    out = []
+    for row in rows:
+        value, est, _ = predict(row, load)
+        step = value / row.published - 1 if row.metric.startswith("layer_") else row.published / value - 1
+        mem = None
+        if row.published_memory_gib is not None and est is not None:
+            mem = est.peak_memory_gib / row.published_memory_gib - 1
+        out.append(RowError(row.table, row.label, step, mem))
+    return out
+
+
+@dataclass
+class Score:
+    rows: int
+    mape: float
+    bias: float
+    within_15: int
+
+    def text(self) -> str:
+        return f"{self.mape:6.1%} {self.bias:+7.1%} {self.within_15:>3}/{self.rows:<3}"
+
+
+def score(errors: list[float]) -> Score | None:
+    if not errors:
+        return None
+    return Score(len(errors), statistics.fmean(abs(e) for e in errors), statistics.fmean(errors),
+                 sum(abs(e) <= 0.15 for e in errors))
+
+
+def by_source(errs: list[RowError], memory: bool = False) -> dict[str, Score]:
+    out: dict[str, list[float]] = {}
+    for e in errs:
+        v = e.memory if memory else e.step
+        if v is not None:
+            out.setdefault(e.source, []).append(v)
+    return {k: score(v) for k, v in out.items()}
+
+
+# -- validate --constants -----------------------------------------------------------------------------
+
+
+@dataclass
+class ConstantEffect:
+    name: str
+    values: str  # the value, or per profile
+    physical: float
+    source: str
+    fitted_on: str
+    mape: float  # overall step-time MAPE with this constant at its physical default
+    memory_mape: float | None
+    worst_source: str  # the table it moves most, and by how much
+
+
+def _set_everywhere(c: ProfileConstant, value: float) -> Transform:
+    return lambda _name, prof: c.set(prof, value)
+
+
+def constant_effects(rows: list[PublishedRow] | None = None) -> tuple[Score, Score | None, list[ConstantEffect]]:
+    """Baseline scores, and for every constant the scores with it at its physical default."""
+    rows = rows or training_rows()
+    base = row_errors(rows)
+    base_src = by_source(base)
+    effects = []
+    profiles = sorted({r.plan.cluster for r in rows})
+
+    def effect(name, values, physical, source, fitted, errs):
+        src = by_source(errs)
+        moved = max(src, key=lambda s: abs(src[s].mape - base_src[s].mape))
+        mem = score([e.memory for e in errs if e.memory is not None])
+        return ConstantEffect(name, values, physical, source, fitted,
+                              score([e.step for e in errs]).mape, mem.mape if mem else None,
+                              f"{moved}: {base_src[moved].mape:.1%} -> {src[moved].mape:.1%}")
+
+    for f in fields(constants.ModelConstants):
+        physical, value = f.metadata["physical"], f.default
+        if physical == value:
+            errs = base
+        else:
+            with constants.model_constants(**{f.name: physical}):
+                errs = row_errors(rows)
+        effects.append(effect(f.name, f"{value:g}", physical, f.metadata["source"], "sourced (code)", errs))
+    for c in PROFILE_CONSTANTS:
+        vals = ", ".join(f"{p} {c.get(load_profile(p)):g}" for p in profiles)
+        fitted = "; ".join(f"{p}: {', '.join(t)}" for p, t in c.fitted_on.items()) or "sourced"
+        effects.append(effect(c.name, vals, c.physical, c.source, fitted, row_errors(rows, _set_everywhere(c, c.physical))))
+    mem = score([e.memory for e in base if e.memory is not None])
+    return score([e.step for e in base]), mem, effects
+
+
+# -- validate --cross ---------------------------------------------------------------------------------
+
+
+@dataclass
+class FitTarget:
+    """One fitted constant on one profile."""
+
+    constant: ProfileConstant
+    profile: str
+    tables: tuple[str, ...]
+
+
+def fit_targets() -> list[FitTarget]:
+    return [FitTarget(c, p, t) for c in PROFILE_CONSTANTS for p, t in c.fitted_on.items()]
+
+
+def _golden(f: Callable[[float], float], lo: float, hi: float, iterations: int = GOLDEN_ITERATIONS) -> float:
+    """Minimum of a unimodal f on [lo, hi] by golden-section search (the ends are tried too)."""
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iterations):
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    best = min([(fc, c), (fd, d), (f(lo), lo), (f(hi), hi)])
+    return best[1]
+
+
+def _objective(errs: list[RowError]) -> float:
+    """Mean squared log error of step time: symmetric in over- and under-prediction."""
+    return statistics.fmean(math.log1p(e.step) ** 2 for e in errs)
+
+
+def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = None) -> dict[tuple[str, str], float]:
+    """Each fitted constant by a 1-D search on the rows of its tables (coordinate descent, SWEEPS passes in
+    registry order: the compute rate and the overlaps trade off, one pass leaves the first where the others' guesses put it)."""
+    values = dict(values or {})
+    for t in fit_targets() * SWEEPS:
+        mine = [r for r in rows if r.table in t.tables and r.plan.cluster == t.profile]
+        if not mine:
+            continue  # no row to fit on: keeps its built-in value
+        key = (t.constant.name, t.profile)
+
+        def loss(v: float, key=key, mine=mine) -> float:
+            return _objective(row_errors(mine, transform_of({**values, key: v})))
+        values[key] = _golden(loss, *t.constant.bounds)
+    return values
+
+
+def transform_of(values: dict[tuple[str, str], float]) -> Transform:
+    by_name = {c.name: c for c in PROFILE_CONSTANTS}
+
+    def apply(name: str, prof: ClusterProfile) -> ClusterProfile:
+        for (cname, pname), v in values.items():
+            if pname == name:
+                prof = by_name[cname].set(prof, v)
+        return prof
+    return apply
+
+
+@dataclass
+class CrossResult:
+    in_sample: list[RowError]  # every row, constants fitted on all rows
+    out_of_sample: list[RowError]  # each row predicted with constants fitted without its table
+    fitted_all: dict[tuple[str, str], float]
+    fitted_without: dict[str, dict[tuple[str, str], float]] = field(default_factory=dict)
+    builtin: list[RowError] = field(default_factory=list)  # the built-in profiles as shipped
+
+
+def cross_validate(rows: list[PublishedRow] | None = None) -> CrossResult:
+    rows = rows or training_rows()
+    fitted_all = fit(rows)
+    result = CrossResult(row_errors(rows, transform_of(fitted_all)), [], fitted_all, builtin=row_errors(rows))
+    for source in dict.fromkeys(r.table for r in rows):
+        held = [r for r in rows if r.table == source]
+        values = fit([r for r in rows if r.table != source])
+        result.fitted_without[source] = values
+        result.out_of_sample += row_errors(held, transform_of(values))
+    order = {(r.table, r.label): i for i, r in enumerate(rows)}
+    result.out_of_sample.sort(key=lambda e: order[(e.source, e.label)])
+    return result
+
+
+# -- text -------------------------------------------------------------------------------------------
+
+
+def constants_text() -> str:
+    """`meshplan validate --constants`: every constant, its value and source, and what its physical default does."""
+    base, base_mem, effects = constant_effects()
+    lines = [f"step-time MAPE over the {base.rows} published training rows with every constant as shipped: "
+             f"{base.mape:.1%} (bias {base.bias:+.1%}, {base.within_15}/{base.rows} within 15 %)"
+             + (f"; memory MAPE {base_mem.mape:.1%} over {base_mem.rows} rows" if base_mem else ""),
+             "", f"{'constant':<34} {'value':<40} {'physical':>8} {'MAPE at physical':>17} {'mem MAPE':>9}  most moved table"]
+    for e in effects:
+        mem = "" if e.memory_mape is None else f"{e.memory_mape:.1%}"
+        lines.append(f"{e.name:<34} {e.values[:40]:<40} {e.physical:>8g} {e.mape:>8.1%} ({e.mape - base.mape:+5.1%}) "
+                     f"{mem:>9}  {e.worst_source}")
+        lines.append(f"    source: {e.source}")
+        lines.append(f"    fitted on: {e.fitted_on}")
+    return "\n".join(lines)
+
+
+def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = False) -> list[str]:
+    lines = [title, f"{'source':<40} " + " ".join(f"{k + ' MAPE  bias  w/in15':>28}" for k in errs)]
+    sources = list(dict.fromkeys(e.source for v in errs.values() for e in v))
+    for src in sources + ["overall"]:
+        cells = []
+        for v in errs.values():
+            vals = [e.memory if memory else e.step for e in v if src in ("overall", e.source)]
+            s = score([x for x in vals if x is not None])
+            cells.append(f"{s.text() if s else 'n/a':>28}")
+        if any(c.strip() != "n/a" for c in cells):
+            lines.append(f"{src[:40]:<40} " + " ".join(cells))
+    return lines
+
+
+def cross_text(result: CrossResult | None = None) -> str:
+    """`meshplan validate --cross`: in-sample and leave-one-table-out scores per source and overall."""
+    r = result or cross_validate()
+    sets = {"built-in": r.builtin, "in-sample": r.in_sample, "out-of-sample": r.out_of_sample}
+    lines = ["step time (error = predicted / measured - 1; negative bias = optimistic)"]
+    lines += _score_lines("", sets)
+    lines += ["", "peak memory (error = predicted / measured - 1)"]
+    lines += _score_lines("", sets, memory=True)
+    lines += ["", "fitted constants: on every table | range over the leave-one-table-out fits"]
+    for key, v in r.fitted_all.items():
+        others = [w[key] for w in r.fitted_without.values() if key in w]
+        lines.append(f"  {key[0]:<32} {key[1]:<14} {v:8.4g} | {min(others):.4g} .. {max(others):.4g}")
+    return "\n".join(lines)
+
+
+def oos_document(result: CrossResult, rows: list[PublishedRow] | None = None) -> dict:
+    """What band.py reads: every whole-run row's features, out-of-sample error, published MFU and term shares."""
+    from meshplan.cost_models.band import device_class
+    from meshplan.cost_models.validate import predict
+
+    rows = rows or training_rows()
+    oos = {(e.source, e.label): e.step for e in result.out_of_sample}
+    builtin = {(e.source, e.label): e.step for e in result.builtin}
+    out = []
+    for row in rows:
+        if row.metric.startswith("layer_"):
+            continue  # one layer, not a run: no scale, no MFU
+        _, est, plan = predict(row)
+        key = (row.table, row.label)
+        p = plan.parallel
+        out.append({"source": row.table, "label": row.label, "oos_step_error": round(oos[key], 5),
+                    "published_mfu": round(est.mfu * (1 + builtin[key]), 5),
+                    "time_shares": {k: round(v / est.step_time_s, 4) for k, v in est.time_s.items()},
+                    "features": {"device": device_class(load_profile(plan.cluster).device.name), "gpus": plan.gpus,
+                                 "tp": p.tp, "pp": p.pp, "cp": p.cp, "fsdp": p.dp_shard,
+                                 "float8": bool(plan.memory.float8),
+                                 "stack": "megatron" if row.table.startswith("Megatron") else "pytorch"}})
+    return {"note": "written by `meshplan validate --cross --save`; rerun it after changing the cost model",
+            "rows": out}
+
+
+def save_oos(result: CrossResult) -> str:
+    import json
+    from pathlib import Path
+
+    from meshplan.yamlio import atomic_write_text
+
+    path = Path(__file__).parent.parent / "data" / "validation" / "oos_errors.json"
+    atomic_write_text(path, json.dumps(oos_document(result), indent=1) + "\n")
+    return str(path)
+
+
+def cross_report(save: bool = False) -> str:
+    result = cross_validate()
+    text = cross_text(result)
+    return text + (f"\nout-of-sample errors written to {save_oos(result)}" if save else "")

@@ -1,0 +1,57 @@
+"""The constants registry, the 1-D fit, the sustained fraction and the error band."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.cost_models import constants
+from meshplan.cost_models.band import band_of, device_class
+from meshplan.cost_models.compute import matmul_tflops
+from meshplan.cost_models.crossval import _golden
+from meshplan.cost_models.estimate import estimate_plan
+from meshplan.cost_models.published import torchtitan_rows
+from meshplan.profiles.registry import load_profile
+
+
+def test_golden_section_finds_a_hand_known_minimum():
+    assert _golden(lambda x: (x - 0.3) ** 2, 0.0, 1.0) == pytest.approx(0.3, abs=2e-3)
+
+
+def test_sustained_fraction_scales_matmul_rate_linearly():
+    prof = load_profile("h100-96g-gt")
+    full = replace(prof.device, sustained_fraction=1.0)
+    # 0.803 x 989 TFLOP/s x (8192 / 8288)^3 by hand, times 0.822
+    assert matmul_tflops(full, 8192, 8192, 8192, "bf16") == pytest.approx(0.803 * 989 * (8192 / 8288) ** 3, rel=1e-6)
+    assert matmul_tflops(prof.device, 8192, 8192, 8192, "bf16") == pytest.approx(
+        0.822 * matmul_tflops(full, 8192, 8192, 8192, "bf16"), rel=1e-9)
+
+
+def test_model_constants_are_read_at_call_time_and_restored():
+    row = torchtitan_rows()[0]
+    base = estimate_plan(row.plan, replace(load_profile(row.plan.cluster)), **row.layout_overrides).step_time_s
+    with constants.model_constants(norm_passes=2.0):
+        fused = estimate_plan(row.plan, replace(load_profile(row.plan.cluster)), **row.layout_overrides).step_time_s
+    again = estimate_plan(row.plan, replace(load_profile(row.plan.cluster)), **row.layout_overrides).step_time_s
+    assert fused < base and again == base
+
+
+def test_every_registered_constant_names_a_source():
+    for f in constants.model_constant_fields():
+        assert f.metadata["source"]
+    for c in constants.PROFILE_CONSTANTS:
+        assert c.source
+
+
+def test_device_class():
+    assert device_class("NVIDIA H100 SXM 96GB HBM2e (500 W)") == "H100"
+    assert device_class("NVIDIA H100 SXM 80GB") == "H100"
+
+
+def test_band_brackets_the_estimate_and_flags_mfu_above_published():
+    row = torchtitan_rows()[10]  # 70B FSDP 32 x TP 8: MFU below the best published H100 float8 run
+    est = estimate_plan(row.plan, load_profile(row.plan.cluster), **row.layout_overrides)
+    band = band_of(row.plan, est)
+    assert band.low_s <= est.step_time_s <= band.high_s
+    assert not band.extrapolated
+    fast = replace(est, mfu=0.9)  # 90 % of the bf16 peak: above every published H100 run
+    assert band_of(row.plan, fast).extrapolated
