@@ -27,7 +27,7 @@ from pathlib import Path
 from scipy.stats import spearmanr
 
 from meshplan.cost_models.calibrate import Run, calibrate, errors, load_run, predict
-from meshplan.planner.tune import TuneConfig, planner_plans, plan_params, run_plan
+from meshplan.tuning.study import TuneConfig, planner_plans, plan_params, run_plan
 from meshplan.profiles import load_profile
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import Plan, plan_from_dict

@@ -12,16 +12,16 @@ import sys
 from meshplan.errors import InputError
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "plan": ("meshplan.planner.command", "search the parallelism space, write the best plan that fits"),
-    "estimate": ("meshplan.cost_models.command", "score one fully or partly given plan"),
-    "validate": ("meshplan.cost_models.validate", "compare predictions with published measurements"),
-    "profile-cluster": ("meshplan.profiles.command", "micro-benchmarks -> a cluster profile"),
-    "run": ("meshplan.runtime.command", "execute a plan (torchrun underneath)"),
-    "report": ("meshplan.reports.command", "compare plans / searches / runs as HTML, Markdown or CSV"),
-    "calibrate": ("meshplan.cost_models.calibrate", "fit a profile's efficiency terms to measured runs"),
-    "tune": ("meshplan.planner.tune", "measure candidate plans with an Optuna study"),
-    "models": ("meshplan.specs.command", "list built-in models"),
-    "clusters": ("meshplan.profiles.list_command", "list built-in cluster profiles"),
+    "plan": ("meshplan.commands.plan", "search the parallelism space, write the best plan that fits"),
+    "estimate": ("meshplan.commands.estimate", "score one fully or partly given plan"),
+    "validate": ("meshplan.commands.validate", "compare predictions with published measurements"),
+    "profile-cluster": ("meshplan.commands.profile_cluster", "micro-benchmarks -> a cluster profile"),
+    "run": ("meshplan.commands.run", "execute a plan (torchrun underneath)"),
+    "report": ("meshplan.commands.report", "compare plans / searches / runs as HTML, Markdown or CSV"),
+    "calibrate": ("meshplan.commands.calibrate", "fit a profile's efficiency terms to measured runs"),
+    "tune": ("meshplan.commands.tune", "measure candidate plans with an Optuna study"),
+    "models": ("meshplan.commands.models", "list built-in models"),
+    "clusters": ("meshplan.commands.clusters", "list built-in cluster profiles"),
 }
 
 

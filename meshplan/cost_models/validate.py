@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import Callable
 
-from meshplan.argparsing import ArgumentParser
 from meshplan.cost_models.estimate import Estimate, estimate_plan, group_spans
 from meshplan.cost_models.flops import megatron_flops_per_iteration
 from meshplan.cost_models.layout import layout_of
-from meshplan.cost_models.published_comm import USED_ELSEWHERE, collective_rows
+from meshplan.cost_models.published_comm import collective_rows
 from meshplan.cost_models.published import PublishedRow, korthikanti_layer_rows, megatron_rows, torchtitan_rows
 from meshplan.cost_models.timing import block_time
 from meshplan.profiles.registry import load_profile
@@ -86,65 +84,9 @@ METRIC_UNITS = {"tflops_per_gpu": "TFLOP/s/GPU", "tokens_per_s_per_gpu": "tokens
                 "layer_forward_ms": "ms", "layer_backward_ms": "ms", "time_us": "us", "busbw_gbs": "GB/s"}
 
 
-def _table_groups(results: list[dict]) -> dict[str, list[dict]]:
+def table_groups(results: list[dict]) -> dict[str, list[dict]]:
     groups: dict[str, list[dict]] = {}
     for r in results:
         key = "TorchTitan H100" if r["table"].startswith("TorchTitan") else r["table"]
         groups.setdefault(key, []).append(r)
     return groups
-
-
-def main(argv: list[str]) -> int:
-    ap = ArgumentParser(prog="meshplan validate", description="Predicted vs published measurements.")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
-    ap.add_argument("--constants", action="store_true", help="every cost-model constant: value, source, and MAPE at its physical default")
-    ap.add_argument("--cross", action="store_true", help="refit the fitted constants with each published table left out")
-    ap.add_argument("--save", action="store_true", help="with --cross: write the out-of-sample errors the estimate bands use")
-    args = ap.parse_args(argv)
-    if args.constants or args.cross:
-        from meshplan.cost_models.crossval import constants_text, cross_report
-        print("\n\n".join(f() for f, on in ((constants_text, args.constants),
-                                             (lambda: cross_report(args.save), args.cross)) if on))
-        return 0
-    results = validation_results()
-    groups = _table_groups(results)
-    summary = {}
-    for name, rows in groups.items():
-        done = [r for r in rows if "error" in r]
-        mem = [r for r in done if "memory_error" in r]
-        summary[name] = {
-            "rows": len(done),
-            "mape": sum(abs(r["error"]) for r in done) / len(done) if done else None,
-            "memory_rows": len(mem),
-            "memory_mape": sum(abs(r["memory_error"]) for r in mem) / len(mem) if mem else None,
-            "memory_max_abs_error": max((abs(r["memory_error"]) for r in mem), default=None),
-            "skipped": [r for r in rows if "skipped" in r],
-        }
-    if args.json:
-        print(json.dumps({"rows": results, "summary": summary, "used_elsewhere": USED_ELSEWHERE}, indent=2))
-        return 0
-    for name, rows in groups.items():
-        print(f"\n== {name}")
-        s = summary[name]
-        header = f"{'configuration':<92} {'published':>10} {'predicted':>10} {'error':>7}"
-        print(header + (f"   {'mem GiB':>7} {'pred':>6} {'error':>7}" if s["memory_rows"] else ""))
-        for r in rows:
-            if "skipped" in r:
-                print(f"{r['label']:<92} left out: {r['skipped']}")
-                continue
-            line = f"{r['label'][:92]:<92} {r['published']:>10.1f} {r['predicted']:>10.1f} {r['error']:>+7.1%}"
-            if "memory_error" in r:
-                line += f"   {r['published_memory_gib']:>7.1f} {r['predicted_memory_gib']:>6.1f} {r['memory_error']:>+7.1%}"
-            print(line)
-        if not s["rows"]:
-            print("no row the model can express")
-            continue
-        unit = METRIC_UNITS[next(r["metric"] for r in rows if "metric" in r)]
-        line = f"mean absolute error ({unit}): {s['mape']:.1%} over {s['rows']} rows"
-        if s["memory_rows"]:
-            line += f"; memory: mean {s['memory_mape']:.1%}, max {s['memory_max_abs_error']:.1%} over {s['memory_rows']} rows"
-        print(line)
-    print("\n== Published tables that are not runs or collectives")
-    for name, use in USED_ELSEWHERE.items():
-        print(f"{name:<50} {use}")
-    return 0

@@ -1,5 +1,5 @@
 """Start torchrun (torch.distributed.run) for a plan: one process per GPU, or per simulated GPU on
-CPU (gloo). The workers run `python -m meshplan.runtime.worker` with the run's flags.
+CPU (gloo). The workers run `python -m meshplan run` with the run's flags.
 
 One node: `--standalone` (a local rendezvous on a free port, so concurrent runs do not collide).
 Several nodes: one torchrun agent per node, all meeting at a c10d rendezvous (`--rdzv-endpoint
@@ -17,7 +17,8 @@ import sys
 import threading
 from dataclasses import dataclass
 
-WORKER_MODULE = "meshplan.runtime.worker"
+# Each worker is `meshplan run` itself: under torchrun it trains instead of launching.
+WORKER_ARGV = ("-m", "meshplan", "run")
 # torchrun (2.13) shares the agent's TCPStore with the workers and keeps it across restarts with no
 # per-attempt key prefix: restarted workers read the dead attempt's gloo/NCCL addresses and hang in
 # init_process_group. Unshared, rank 0 of each attempt hosts a fresh store on a fresh port.
@@ -51,7 +52,7 @@ def torchrun_args(launch: LaunchOptions) -> list[str]:
 
 
 def torchrun_command(launch: LaunchOptions, worker_argv: list[str]) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(launch), "-m", WORKER_MODULE, *worker_argv]
+    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(launch), *WORKER_ARGV, *worker_argv]
 
 
 def launch(launch_opts: LaunchOptions, worker_argv: list[str]) -> int:

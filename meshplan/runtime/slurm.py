@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from meshplan.runtime.launcher import TORCHRUN_ENV, WORKER_MODULE
+from meshplan.runtime.launcher import TORCHRUN_ENV, WORKER_ARGV
 
 DEFAULT_RDZV_PORT = 29500
 
@@ -41,7 +41,7 @@ def sbatch_script(s: SlurmOptions, python: str, worker_argv: list[str], header: 
     torchrun = [shlex.quote(python), "-m", "torch.distributed.run", f"--nnodes={s.nodes}",
                 f"--nproc-per-node={s.gpus_per_node}", "--rdzv-backend=c10d",
                 '--rdzv-endpoint="${head_node}:${rdzv_port}"', '--rdzv-id="${SLURM_JOB_ID}"',
-                f"--max-restarts={s.max_restarts}", "-m", WORKER_MODULE]
+                f"--max-restarts={s.max_restarts}", *WORKER_ARGV]
     worker = " ".join(shlex.quote(a) for a in worker_argv)
     return "\n".join([
         "#!/bin/bash",

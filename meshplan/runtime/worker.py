@@ -100,17 +100,3 @@ def _version(dist_name: str) -> str | None:
         return version(dist_name)
     except PackageNotFoundError:
         return None
-
-
-def main() -> int:
-    from meshplan.runtime.command import main as command_main
-
-    try:
-        return command_main(sys.argv[1:])
-    except InputError as exc:
-        print(f"meshplan run: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

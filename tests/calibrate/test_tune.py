@@ -6,7 +6,7 @@ import optuna
 import yaml
 
 from meshplan.cli import main as cli_main
-from meshplan.planner.tune import factorisations, pipeline_choices
+from meshplan.tuning.study import factorisations, pipeline_choices
 
 
 def test_factorisations_cover_every_ordered_split():

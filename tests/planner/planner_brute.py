@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from meshplan.cost_models.estimate import estimate_layout, group_spans, stage_durations
 from meshplan.cost_models.layout import Layout, even_split, runtime_paths
 from meshplan.fields import AUTO
-from meshplan.planner.command import build_plan_mapping
+from meshplan.commands.plan import build_plan_mapping
 from meshplan.planner.constraints import microbatch_reason
 from meshplan.planner.placement import candidate_orders
 from meshplan.planner.stage_split import balanced_split

@@ -5,10 +5,10 @@ import sys
 
 import torch
 
-from meshplan.profiles.bench import collectives as coll
-from meshplan.profiles.bench.env import init_env, shutdown
-from meshplan.profiles.bench.progress import Reporter
-from meshplan.profiles.bench.timing import Budget
+from meshplan.bench import collectives as coll
+from meshplan.bench.env import init_env, shutdown
+from meshplan.bench.progress import Reporter
+from meshplan.bench.timing import Budget
 
 
 def main(out: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.profiles.bench.collectives import bus_factor
+from meshplan.bench.collectives import bus_factor
 from meshplan.profiles.schema import COLLECTIVES
 
 WORKER = Path(__file__).with_name("collective_worker.py")

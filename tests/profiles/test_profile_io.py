@@ -8,11 +8,11 @@ import yaml
 
 from meshplan.errors import InputError
 from meshplan.profiles import load_profile
-from meshplan.profiles.bench.builder import build_profile, format_fit_table
-from meshplan.profiles.bench.collectives import bus_factor
-from meshplan.profiles.bench.env import BenchEnv
-from meshplan.profiles.bench.memory import MemoryResult
-from meshplan.profiles.bench.worker import RawResults, WorkerOptions
+from meshplan.bench.builder import build_profile, format_fit_table
+from meshplan.bench.collectives import bus_factor
+from meshplan.bench.env import BenchEnv
+from meshplan.bench.memory import MemoryResult
+from meshplan.bench.worker import RawResults, WorkerOptions
 from meshplan.profiles.schema import profile_from_dict
 from meshplan.profiles.versions import check_profile_versions, installed_versions
 from meshplan.yamlio import atomic_write_yaml

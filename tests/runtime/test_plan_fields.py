@@ -8,7 +8,6 @@ on PyTorch's fake process group (any world size, collectives are no-ops), nothin
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 
 import pytest

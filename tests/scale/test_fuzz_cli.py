@@ -42,7 +42,7 @@ NAMES = itertools.count()
 def planner_available() -> bool:
     """`meshplan plan` is being built by another engineer; include it once it imports."""
     try:
-        importlib.import_module("meshplan.planner.command")
+        importlib.import_module("meshplan.commands.plan")
         return True
     except Exception:
         return False

@@ -51,7 +51,7 @@ def test_slurm_script(tmp_path, plans, capsys):
     srun = script[script.index("srun "):]
     for part in ("--ntasks-per-node=1", "-m torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
                  "--rdzv-backend=c10d", '--rdzv-endpoint="${head_node}:${rdzv_port}"', '--rdzv-id="${SLURM_JOB_ID}"',
-                 "--max-restarts=3", "-m meshplan.runtime.worker", f"--plan {plans['fsdp_tp'].resolve()}",
+                 "--max-restarts=3", "-m meshplan run", f"--plan {plans['fsdp_tp'].resolve()}",
                  "--steps 100", "--checkpoint-every 50", f"--out {(tmp_path / 'run').resolve()}"):
         assert part in srun, part
     assert "--slurm" not in srun and "--partition" not in srun  # launch-only flags stay out of the workers
@@ -66,7 +66,7 @@ def test_slurm_script(tmp_path, plans, capsys):
 
 
 def test_launch_command_for_several_nodes(plans):
-    from meshplan.runtime.command import parse
+    from meshplan.commands.run import parse
     from meshplan.runtime.launcher import torchrun_command
 
     req = parse(["--plan", str(plans["fsdp_tp"]), "--nnodes", "2", "--node-rank", "1",
@@ -75,6 +75,6 @@ def test_launch_command_for_several_nodes(plans):
     for part in ("--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400",
                  "--rdzv-id=job7", "--nproc-per-node=2", "--max-restarts=2"):
         assert part in cmd, (part, cmd)
-    assert "--standalone" not in cmd and "--nnodes" not in cmd[cmd.index("meshplan.runtime.worker"):]
+    assert "--standalone" not in cmd and "--nnodes" not in cmd[cmd.index("meshplan") + 1:]
     single = torchrun_command(parse(["--plan", str(plans["fsdp_tp"])]).launch, [])
     assert "--standalone" in single and "--nproc-per-node=4" in single

@@ -11,13 +11,13 @@ import torch.distributed as dist
 
 from meshplan.errors import InputError
 
-from meshplan.profiles.bench import collectives as coll
-from meshplan.profiles.bench import compute
-from meshplan.profiles.bench.env import BenchEnv, init_env, shutdown
-from meshplan.profiles.bench.memory import MemoryResult, measure_memory
-from meshplan.profiles.bench.progress import Reporter
-from meshplan.profiles.bench.shapes import attention_seq_lens, matmul_grid
-from meshplan.profiles.bench.timing import Budget
+from meshplan.bench import collectives as coll
+from meshplan.bench import compute
+from meshplan.bench.env import BenchEnv, init_env, shutdown
+from meshplan.bench.memory import MemoryResult, measure_memory
+from meshplan.bench.progress import Reporter
+from meshplan.bench.shapes import attention_seq_lens, matmul_grid
+from meshplan.bench.timing import Budget
 
 COMPUTE_SHARE = 0.35  # of the time budget, the rest goes to collectives
 
@@ -149,7 +149,7 @@ def _cpu_name() -> str:
 def worker_main(opts: WorkerOptions) -> InputError | None:
     """Entry point on every rank. Rank 0 returns the input error (e.g. too little time) that stopped it,
     after every rank has finished cleanly, so the launcher can report it as one line."""
-    from meshplan.profiles.bench.builder import build_and_write
+    from meshplan.bench.builder import build_and_write
 
     env = init_env()
     rep = Reporter(enabled=env.is_main)

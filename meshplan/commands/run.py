@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshplan.argparsing import ArgumentParser
+from meshplan.commands.argparsing import ArgumentParser
 from meshplan.errors import InputError
 from meshplan.runtime.launcher import LaunchOptions
 from meshplan.runtime.options import RunOptions, check_runnable, local_device_type

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from meshplan.argparsing import ArgumentParser
+from meshplan.commands.argparsing import ArgumentParser
 from meshplan.cost_models.band import band_of
 from meshplan.cost_models.estimate import Estimate, estimate_plan
 from meshplan.errors import InputError

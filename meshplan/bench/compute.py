@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from meshplan.profiles.bench.env import BenchEnv
-from meshplan.profiles.bench.progress import Reporter
-from meshplan.profiles.bench.timing import Budget, time_local
+from meshplan.bench.env import BenchEnv
+from meshplan.bench.progress import Reporter
+from meshplan.bench.timing import Budget, time_local
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # bf16 is dropped on a CPU that runs it at under this fraction of its fp32 rate (no native bf16 GEMM)

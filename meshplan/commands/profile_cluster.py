@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from meshplan.argparsing import ArgumentParser
+from meshplan.commands.argparsing import ArgumentParser
 from meshplan.errors import InputError
 from meshplan.profiles.versions import check_profile_versions  # re-exported: the planner's entry point
 
@@ -99,7 +99,7 @@ def _device_limit(cuda: bool) -> int:
 
 def main(argv: list[str]) -> int:
     started = time.time()  # the budget covers everything from here, torch import and torchrun start-up included
-    from meshplan.profiles.bench.launch import in_torchrun, launch
+    from meshplan.bench.launch import in_torchrun, launch
 
     args = build_parser().parse_args(argv)
     budget = _budget(args.time_budget)
@@ -149,8 +149,8 @@ def _strip_nproc(argv: list[str]) -> list[str]:
 
 def _worker(args: argparse.Namespace, name: str, out: str, budget: float | None, max_nodes: int | None, node_link: str | None,
             network_link: str, argv: list[str]) -> int:
-    from meshplan.profiles.bench.launch import COMMAND_ENV, DEADLINE_ENV, ERROR_FILE_ENV
-    from meshplan.profiles.bench.worker import WorkerOptions, worker_main
+    from meshplan.bench.launch import COMMAND_ENV, DEADLINE_ENV, ERROR_FILE_ENV
+    from meshplan.bench.worker import WorkerOptions, worker_main
 
     deadline = float(os.environ[DEADLINE_ENV]) if DEADLINE_ENV in os.environ else (
         None if budget is None else time.time() + budget)

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from meshplan.argparsing import ArgumentParser
+from meshplan.commands.argparsing import ArgumentParser
 from meshplan.errors import InputError
 from meshplan.fields import AUTO
 from meshplan.planner.search import SearchResult, search
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> int:
     write_search_counts(result, out)
     report = None
     if args.report:
-        from meshplan.reports.command import write_report_for_search
+        from meshplan.reports.writer import write_report_for_search
 
         report = write_report_for_search(out, candidates, args.report)
     if args.json:

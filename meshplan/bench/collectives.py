@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 
 from meshplan.cost_models.comm import bus_factor
-from meshplan.profiles.bench.env import BenchEnv
-from meshplan.profiles.bench.progress import Reporter
-from meshplan.profiles.bench.timing import Budget, summarize
+from meshplan.bench.env import BenchEnv
+from meshplan.bench.progress import Reporter
+from meshplan.bench.timing import Budget, summarize
 from meshplan.profiles.schema import COLLECTIVES
 
 KIB, MIB = 1 << 10, 1 << 20

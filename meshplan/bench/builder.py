@@ -14,10 +14,10 @@ from meshplan.errors import InputError
 from meshplan.cost_models.comm import bus_factor
 from meshplan.profiles import fit
 from meshplan.profiles.fit import TARGET, collective_entry, sig, written_error
-from meshplan.profiles.bench.env import BenchEnv
-from meshplan.profiles.bench.peaks import cores_per_device, cpu_peaks, gpu_datasheet_peaks, resolve_peaks
-from meshplan.profiles.bench.progress import Reporter
-from meshplan.profiles.bench.worker import RawResults, WorkerOptions
+from meshplan.bench.env import BenchEnv
+from meshplan.bench.peaks import cores_per_device, cpu_peaks, gpu_datasheet_peaks, resolve_peaks
+from meshplan.bench.progress import Reporter
+from meshplan.bench.worker import RawResults, WorkerOptions
 from meshplan.profiles.schema import COLLECTIVES, ClusterProfile, profile_from_dict
 from meshplan.profiles.versions import installed_versions
 from meshplan.yamlio import atomic_write_yaml

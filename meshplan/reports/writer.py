@@ -1,25 +1,19 @@
-"""`meshplan report INPUT... -o report.html|report.md|report.csv` and the planner's `--report` hook."""
+"""Write a report of plans, searches and runs as HTML, Markdown or CSV, by the output's extension."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from meshplan.argparsing import ArgumentParser
 from meshplan.errors import InputError
 from meshplan.reports.csv_export import render_csv
 from meshplan.reports.document import build_report, images
 from meshplan.reports.files import atomic_write_dir
 from meshplan.reports.html import render_html
-from meshplan.reports.inputs import Config, load_inputs, load_search
+from meshplan.reports.inputs import Config, load_search
 from meshplan.reports.markdown import images_dir, render_markdown
 from meshplan.yamlio import atomic_write_text
 
 FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".csv": "csv"}
-DESCRIPTION = """Compare plans, planner searches and runs side by side.
-Each INPUT is a plan file (estimated with the cost model), a planner output (a plan file with a
-sibling <stem>.candidates.csv), or a run directory (metrics.jsonl + summary.json)."""
-
-
 def output_format(path: Path) -> str:
     fmt = FORMATS.get(path.suffix.lower())
     if fmt is None:
@@ -48,17 +42,3 @@ def write_report_for_search(plan_path: str | Path, candidates_csv: str | Path, r
     """What `meshplan plan --report R` calls: the chosen plan, its schedule and the whole search."""
     config = load_search(Path(plan_path), Path(candidates_csv))
     return write_report([config], report_path, title=f"meshplan search: {config.plan.model.name} on {config.plan.gpus} GPUs")
-
-
-def main(argv: list[str]) -> int:
-    parser = ArgumentParser(prog="meshplan report", description=DESCRIPTION)
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="plan file, planner output or run directory")
-    parser.add_argument("-o", "--output", required=True, help="report path: .html (self-contained), .md (+ <stem>_files/) or .csv")
-    parser.add_argument("--title", default="meshplan report", help="report title")
-    args = parser.parse_args(argv)
-    out = Path(args.output)
-    output_format(out)
-    configs = load_inputs(args.inputs)
-    write_report(configs, out, args.title)
-    print(f"wrote {out} ({len(configs)} configuration{'s' if len(configs) != 1 else ''})")
-    return 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from meshplan.profiles.bench.env import BenchEnv
+from meshplan.bench.env import BenchEnv
 
 GIB = float(1 << 30)
 # Share of available RAM a CPU "device" may plan to use: the rest is left to the OS, page cache and

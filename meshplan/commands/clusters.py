@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from meshplan.argparsing import ArgumentParser
+from meshplan.commands.argparsing import ArgumentParser
 from meshplan.profiles.registry import list_profiles
 
 

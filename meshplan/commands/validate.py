@@ -1,0 +1,65 @@
+"""`meshplan validate [--json | --constants | --cross]`: predictions against published measurements."""
+
+from __future__ import annotations
+
+import json
+
+from meshplan.commands.argparsing import ArgumentParser
+from meshplan.cost_models.published_comm import USED_ELSEWHERE
+from meshplan.cost_models.validate import METRIC_UNITS, table_groups, validation_results
+
+
+def main(argv: list[str]) -> int:
+    ap = ArgumentParser(prog="meshplan validate", description="Predicted vs published measurements.")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--constants", action="store_true", help="every cost-model constant: value, source, and MAPE at its physical default")
+    ap.add_argument("--cross", action="store_true", help="refit the fitted constants with each published table left out")
+    ap.add_argument("--save", action="store_true", help="with --cross: write the out-of-sample errors the estimate bands use")
+    args = ap.parse_args(argv)
+    if args.constants or args.cross:
+        from meshplan.cost_models.crossval import constants_text, cross_report
+        print("\n\n".join(f() for f, on in ((constants_text, args.constants),
+                                             (lambda: cross_report(args.save), args.cross)) if on))
+        return 0
+    results = validation_results()
+    groups = table_groups(results)
+    summary = {}
+    for name, rows in groups.items():
+        done = [r for r in rows if "error" in r]
+        mem = [r for r in done if "memory_error" in r]
+        summary[name] = {
+            "rows": len(done),
+            "mape": sum(abs(r["error"]) for r in done) / len(done) if done else None,
+            "memory_rows": len(mem),
+            "memory_mape": sum(abs(r["memory_error"]) for r in mem) / len(mem) if mem else None,
+            "memory_max_abs_error": max((abs(r["memory_error"]) for r in mem), default=None),
+            "skipped": [r for r in rows if "skipped" in r],
+        }
+    if args.json:
+        print(json.dumps({"rows": results, "summary": summary, "used_elsewhere": USED_ELSEWHERE}, indent=2))
+        return 0
+    for name, rows in groups.items():
+        print(f"\n== {name}")
+        s = summary[name]
+        header = f"{'configuration':<92} {'published':>10} {'predicted':>10} {'error':>7}"
+        print(header + (f"   {'mem GiB':>7} {'pred':>6} {'error':>7}" if s["memory_rows"] else ""))
+        for r in rows:
+            if "skipped" in r:
+                print(f"{r['label']:<92} left out: {r['skipped']}")
+                continue
+            line = f"{r['label'][:92]:<92} {r['published']:>10.1f} {r['predicted']:>10.1f} {r['error']:>+7.1%}"
+            if "memory_error" in r:
+                line += f"   {r['published_memory_gib']:>7.1f} {r['predicted_memory_gib']:>6.1f} {r['memory_error']:>+7.1%}"
+            print(line)
+        if not s["rows"]:
+            print("no row the model can express")
+            continue
+        unit = METRIC_UNITS[next(r["metric"] for r in rows if "metric" in r)]
+        line = f"mean absolute error ({unit}): {s['mape']:.1%} over {s['rows']} rows"
+        if s["memory_rows"]:
+            line += f"; memory: mean {s['memory_mape']:.1%}, max {s['memory_max_abs_error']:.1%} over {s['memory_rows']} rows"
+        print(line)
+    print("\n== Published tables that are not runs or collectives")
+    for name, use in USED_ELSEWHERE.items():
+        print(f"{name:<50} {use}")
+    return 0
