@@ -10,7 +10,7 @@ import torch
 
 from meshplan.bench.env import BenchEnv
 
-GIB = float(1 << 30)
+from meshplan.cost_models.memory import GIB  # noqa: E402  (one definition of the unit)
 # Share of available RAM a CPU "device" may plan to use: the rest is left to the OS, page cache and
 # the other processes' Python heaps.
 CPU_USABLE_FRACTION = 0.8

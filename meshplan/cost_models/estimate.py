@@ -7,6 +7,7 @@ from functools import lru_cache
 from typing import Any
 
 from meshplan.cost_models import constants
+from meshplan.cost_models.mfu import mfu as model_mfu, mfu_peak_name
 from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
@@ -240,10 +241,10 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     peak = max(mems, key=lambda m: m.total)
     tokens_per_s = lay.global_batch * lay.seq_len / step / lay.gpus
     mflops = model_flops_per_token(lay.spec, lay.seq_len)
-    peaks = prof.device.peak_tflops
-    peak_name = "bf16" if "bf16" in peaks else "fp32"
-    mfu = mflops * tokens_per_s / (peaks[peak_name] * 1e12)
-    mfu_fp8 = mflops * tokens_per_s / (peaks["fp8"] * 1e12) if lay.float8 and "fp8" in peaks else None
+    peak_name = mfu_peak_name(prof)
+    mfu = model_mfu(lay.spec, lay.seq_len, tokens_per_s, prof)
+    fp8 = lay.float8 and "fp8" in prof.device.peak_tflops
+    mfu_fp8 = model_mfu(lay.spec, lay.seq_len, tokens_per_s, prof, "fp8") if fp8 else None
     usable = prof.device.usable_memory_gib
     return Estimate(
         step_time_s=step,

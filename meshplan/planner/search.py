@@ -27,7 +27,7 @@ from meshplan.cost_models.estimate import (Estimate, StageDurations, StepParts, 
                                            compose_step, estimate_layout, group_spans, rank_busy, stage_durations,
                                            stage_inputs, step_parts)
 from meshplan.cost_models.layout import Layout, even_split, runtime_paths
-from meshplan.cost_models.memory import GIB, rank_memory, stage_params
+from meshplan.cost_models.memory import GIB, STATE_BYTES, rank_memory, stage_params
 
 from meshplan.cost_models.pipeline import bound_kind, in_flight_limit, linear_bound_rows, makespan_lower_bound
 from meshplan.planner.constraints import (BATCH, MICROBATCHES, NO_FIT, PP_LAYERS, REASONS, SP_SEQ, SPLIT,
@@ -255,9 +255,10 @@ class _Search:
                            float8=f8, reshard_after_forward=reshard)
 
     def static_memory_gib(self, m: Mesh) -> float:
-        """Model states alone (fp32 params + AdamW moments) on the most loaded rank: a bound below any peak."""
+        """Model states alone (fp32 params + AdamW moments; gradients need not exist at the peak, see
+        memory.py) on the most loaded rank: a bound below any peak."""
         params = self.spec.num_params() / (m.tp * m.pp)
-        return 12.0 * params / (m.dp_shard * m.cp) / GIB
+        return (STATE_BYTES["params"] + STATE_BYTES["optimizer"]) * params / (m.dp_shard * m.cp) / GIB
 
     # -- the search ----------------------------------------------------------------------
     def run(self, jobs: int = 1) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.band import band_of
-from meshplan.cost_models.flops import model_flops_per_token
-from meshplan.cost_models.memory import GIB
+from meshplan.cost_models.mfu import mfu
+from meshplan.cost_models.memory import GIB, STATE_BYTES
 from meshplan.planner.search import Candidate, SearchResult
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.outputs import candidates_path, search_counts_path
@@ -31,9 +31,7 @@ def candidate_row(c: Candidate, base: Plan, profile: ClusterProfile, rank: int |
     row["mesh_order"] = ",".join(c.order)
     lay = c.layout
     tokens = lay.global_batch * lay.seq_len / c.step_time_s / lay.gpus
-    peak = profile.device.peak_tflops.get("bf16", profile.device.peak_tflops.get("fp32")) * 1e12
-    row.update(step_time_s=c.step_time_s, tokens_per_s_per_gpu=tokens,
-               mfu=model_flops_per_token(lay.spec, lay.seq_len) * tokens / peak,
+    row.update(step_time_s=c.step_time_s, tokens_per_s_per_gpu=tokens, mfu=mfu(lay.spec, lay.seq_len, tokens, profile),
                peak_memory_gib=c.peak_memory_gib, fits=c.peak_memory_gib <= profile.device.usable_memory_gib)
     if c.estimate is not None:
         row["hfu"] = c.estimate.hfu
@@ -185,7 +183,7 @@ def what_would_fit(result: SearchResult, plan: Plan, profile: ClusterProfile, jo
         return ["no plan satisfies the constraints:"] + reasons
     usable = profile.device.usable_memory_gib
     lines = []
-    states = 12.0 * plan.model.num_params() / GIB
+    states = (STATE_BYTES["params"] + STATE_BYTES["optimizer"]) * plan.model.num_params() / GIB
     if result.non_fitting:
         nf = min(result.non_fitting, key=lambda n: n.peak_memory_gib)
         lines.append(f"the smallest-memory plan evaluated needs {nf.peak_memory_gib:.1f} GiB per GPU, "

@@ -47,7 +47,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
-GIB = 2**30
+from meshplan.cost_models.memory import GIB  # noqa: E402  (one definition of the unit)
 
 
 def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
@@ -133,20 +133,12 @@ class StepMetrics:
                 f"mfu {mfu}  peak {mem}")
 
 
-def peak_flops_per_device(profile: Any, dtype: str) -> float | None:
-    peaks = getattr(getattr(profile, "device", None), "peak_tflops", None) or {}
-    value = peaks.get(dtype) or peaks.get("bf16") or peaks.get("fp32")
-    return value * 1e12 if value else None
+def step_mfu(plan: Any, tokens_per_s_per_device: float) -> float | None:
+    """MFU of one step by the cost model's one definition (cost_models/mfu.py); None without a profile."""
+    from meshplan.cost_models.mfu import mfu
 
-
-def flops_per_token(plan: Any) -> tuple[float | None, str | None]:
-    """Model FLOPs per token from the cost model (the one FLOP count of the project)."""
-    try:
-        from meshplan.cost_models.flops import model_flops_per_token
-
-        return float(model_flops_per_token(plan.model, plan.training.seq_len)), None
-    except Exception as exc:  # the cost model is optional at run time: report, don't crash
-        return None, f"{exc.__class__.__name__}: {exc}"
+    profile = load_profile_or_none(plan.cluster)
+    return None if profile is None else mfu(plan.model, plan.training.seq_len, tokens_per_s_per_device, profile)
 
 
 def predicted(plan: Any) -> tuple[dict | None, str | None]:

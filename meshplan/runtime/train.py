@@ -24,8 +24,7 @@ from meshplan.runtime.data import BatchSpec, local_rows, make_source
 from meshplan.runtime.faults import maybe_fail
 from meshplan.runtime.float8 import register_precompute
 from meshplan.runtime.mesh import ParallelDims, build_mesh
-from meshplan.runtime.metrics import (GIB, LiveTensorMemory, MetricsLog, StepMetrics, flops_per_token,
-                                      load_profile_or_none, peak_flops_per_device)
+from meshplan.runtime.metrics import GIB, LiveTensorMemory, MetricsLog, StepMetrics, step_mfu
 from meshplan.runtime.options import RunOptions, check_runnable
 from meshplan.runtime.parallelize import ModelParts, parallelize_model
 from meshplan.runtime.pipeline import build_schedule
@@ -188,8 +187,6 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
     meta = checkpoint_meta(plan)
     t = plan.training
     tokens = t.global_batch * t.seq_len
-    fpt, _ = flops_per_token(plan)
-    peak_flops = peak_flops_per_device(load_profile_or_none(plan.cluster), str(t.dtype))
     seen: tuple[float | None, float | None] = (None, None)  # largest (allocated, reserved) tracked so far
     for step in range(start, opts.steps):
         tracked = opts.track_memory == "all" or (opts.track_memory == "warmup" and step - start < max(1, opts.timing_warmup))
@@ -206,7 +203,7 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
             seen = (max(seen[0] or 0.0, peak), None if reserved is None else max(seen[1] or 0.0, reserved))
         tps = tokens / dt / dist.get_world_size()
         row = StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=trainer.current_lr(), step_time_s=dt,
-                          tokens_per_s_per_gpu=tps, mfu=(tps * fpt / peak_flops) if fpt and peak_flops else None,
+                          tokens_per_s_per_gpu=tps, mfu=step_mfu(plan, tps),
                           peak_memory_gib=peak if peak is not None else seen[0],
                           memory_tracked=peak is not None,
                           peak_memory_reserved_gib=reserved if peak is not None else seen[1])

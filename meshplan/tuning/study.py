@@ -27,6 +27,7 @@ from typing import Any
 
 from meshplan.errors import InputError
 from meshplan.fields import AUTO
+from meshplan.planner.space import divisors
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import AC_MODES, PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan, plan_from_dict
 from meshplan.specs.registry import resolve_model
@@ -96,10 +97,6 @@ def pipeline_choices() -> list[str]:
         vs = [1] if sched in SINGLE_STAGE_SCHEDULES else [2] if sched in V_SHAPED_SCHEDULES else range(1, MAX_VIRTUAL + 1)
         out += [f"{sched}:{v}" for v in vs]
     return out
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def suggest(trial, cfg: TuneConfig, meshes: list[str]) -> dict[str, Any]:
