@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from meshplan.bench.env import BenchEnv
+from meshplan.cost_models.memory import GIB
 
-from meshplan.cost_models.memory import GIB  # noqa: E402  (one definition of the unit)
 # Share of available RAM a CPU "device" may plan to use: the rest is left to the OS, page cache and
 # the other processes' Python heaps.
 CPU_USABLE_FRACTION = 0.8

@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
+from meshplan.cost_models.memory import GIB
 
-from meshplan.cost_models.memory import GIB  # noqa: E402  (one definition of the unit)
 
 
 def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
