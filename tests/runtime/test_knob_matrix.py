@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -124,7 +125,8 @@ def _start_world(nproc: int, cases: list, tmp: Path):
            "--max-restarts=0", str(HERE / "layouts_worker.py"), str(cases_file), str(results)]
     log = open(tmp / f"matrix{nproc}.log", "w")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), results
+    # A session of its own: on a timeout the whole world (torchrun and its workers) is killed.
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True), results
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +140,8 @@ def results(tmp_path_factory) -> dict:
             proc.wait(timeout=WORLD_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             for p, _ in worlds:
-                p.kill()
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
             pytest.fail(f"gloo world timed out after {WORLD_TIMEOUT_S}s (hang?); logs in {tmp}")
         assert path.exists(), f"world wrote no results (exit {proc.returncode}); see {tmp}"
         out.update(json.loads(path.read_text()))
