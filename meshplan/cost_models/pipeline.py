@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-SPLIT_BACKWARD = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES as SPLIT_BACKWARD
+
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 FORWARD_FIRST = ("GPipe", "LoopedBFS")
 _FORWARD_FIRST_RANK = {"F": 0, "B": 1, "W": 2}  # preference among ready work (lower first)

@@ -31,7 +31,8 @@ from meshplan.cost_models.memory import GIB, STATE_BYTES, rank_memory, stage_par
 
 from meshplan.cost_models.pipeline import bound_kind, in_flight_limit, linear_bound_rows, makespan_lower_bound
 from meshplan.planner.constraints import (BATCH, MICROBATCHES, NO_FIT, PP_LAYERS, REASONS, SP_SEQ, SPLIT,
-                                          batch_reason, mesh_reason, microbatch_reason, schedule_reason, sp_reason)
+                                          ac_schedule_reason, batch_reason, mesh_reason, microbatch_reason,
+                                          schedule_reason, sp_reason)
 from meshplan.planner.placement import distinct_orders, placement_for
 from meshplan.planner.sac_ilp import SacItems, pareto_subsets, solve_sac_ilp
 from meshplan.planner.space import EVEN, SAC_ILP, Mesh, Space
@@ -471,7 +472,7 @@ class _Search:
                     self.n_dom += len(scheds)  # the balanced split came out even: the same leaves, scored once
                     continue
                 seen_splits.add(layers)
-                valid_by_kind, rejected, rows = self.leaf_table(base.pp, v, scheds, layers, m)
+                valid_by_kind, rejected, rows = self.leaf_table(base.pp, v, scheds, layers, m, base.ac)
                 for reason, n in rejected.items():
                     self.reject(reason, n)
                 if not valid_by_kind:
@@ -499,17 +500,17 @@ class _Search:
             out.append((lg.groups[lg.next][0], "groups", lg))
         return out
 
-    def leaf_table(self, pp: int, v: int, scheds: list[str], layers: tuple[int, ...], m: int) -> tuple:
+    def leaf_table(self, pp: int, v: int, scheds: list[str], layers: tuple[int, ...], m: int, ac: str) -> tuple:
         """For one split: (valid schedules grouped by bound kind, rejections by reason, the kinds'
         linear_bound_rows stacked in the same order). The same for every class with these numbers."""
-        key = (pp, v, layers, m)
+        key = (pp, v, layers, m, ac)
         got = self._leaf_tables.get(key)
         if got is None:
             by_kind: dict[tuple[bool, bool], list[str]] = {}
             rejected: dict[str, int] = {}
             for sched in scheds:
                 reason = (schedule_reason(self.spec.n_layers, pp, sched, v, list(layers))
-                          or microbatch_reason(sched, pp, v, m))
+                          or microbatch_reason(sched, pp, v, m) or ac_schedule_reason(pp, sched, ac))
                 if reason:
                     rejected[reason] = rejected.get(reason, 0) + 1
                 else:

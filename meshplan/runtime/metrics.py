@@ -46,7 +46,6 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
-from meshplan.cost_models.memory import GIB
 
 
 

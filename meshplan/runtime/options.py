@@ -7,7 +7,7 @@ from pathlib import Path
 
 from meshplan.errors import InputError
 from meshplan.specs.plan import Plan
-from meshplan.specs.rules import backend_for_device, unsupported_fields
+from meshplan.specs.rules import backend_for_device, check_runtime_rules, unsupported_fields
 
 
 @dataclass
@@ -57,6 +57,7 @@ def check_runnable(plan: Plan, device_type: str | None = None) -> None:
     if auto:
         raise InputError("plan", f"has 'auto' fields ({', '.join(auto)}); fill them with "
                                  "`meshplan estimate --plan P` or `meshplan plan` first")
+    check_runtime_rules(plan)  # the combinations the planner prunes (specs/rules.py), for plans built in code
     p = plan.parallel
     if plan.model.tied_embeddings and (p.tp > 1 or p.pp > 1):
         raise InputError("model.tied_embeddings", "the runtime supports tied embeddings only with tp = pp = 1")

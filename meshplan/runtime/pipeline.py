@@ -12,6 +12,7 @@ from torch.distributed.pipelining import schedules as S
 from torch import nn
 
 from meshplan.specs.plan import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
 
 SCHEDULES: dict[str, type] = {
     "GPipe": S.ScheduleGPipe,
@@ -50,6 +51,8 @@ def build_schedule(modules: list[nn.Module], ids: list[int], n_stages: int, pp_m
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
     """PipelineStage per local module, and the schedule driving them. Gradients are scaled by
     1/n_microbatches inside the schedule (scale_grads), so loss_fn is the per-micro-batch mean."""
+    if schedule in SPLIT_BACKWARD_SCHEDULES:
+        keep_compiled_graphs()
     group = pp_mesh.get_group()
     stages = [PipelineStage(m, stage_index=i, num_stages=n_stages, device=device, group=group)
               for m, i in zip(modules, ids)]
@@ -57,3 +60,14 @@ def build_schedule(modules: list[nn.Module], ids: list[int], n_stages: int, pp_m
     if schedule in SINGLE_STAGE_SCHEDULES:
         return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)
     return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True)
+
+
+def keep_compiled_graphs() -> None:
+    """Let torch.compile'd blocks run a split backward. The input-gradient pass keeps the graph for
+    the weight-gradient pass (retain_graph=True), which AOTAutograd's donated buffers forbid
+    ("compiled with non-empty donated buffers which requires ... retain_graph=False"). Turned off
+    process-wide (read when a block is first compiled, after this): the compiled backward then
+    allocates what it would have written into saved buffers it may no longer free."""
+    import torch._functorch.config
+
+    torch._functorch.config.donated_buffer = False

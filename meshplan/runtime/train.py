@@ -24,7 +24,8 @@ from meshplan.runtime.data import BatchSpec, local_rows, make_source
 from meshplan.runtime.faults import maybe_fail
 from meshplan.runtime.float8 import register_precompute
 from meshplan.runtime.mesh import ParallelDims, build_mesh
-from meshplan.runtime.metrics import GIB, LiveTensorMemory, MetricsLog, StepMetrics, step_mfu
+from meshplan.cost_models.memory import GIB
+from meshplan.runtime.metrics import LiveTensorMemory, MetricsLog, StepMetrics, step_mfu
 from meshplan.runtime.options import RunOptions, check_runnable
 from meshplan.runtime.parallelize import ModelParts, parallelize_model
 from meshplan.runtime.pipeline import build_schedule

@@ -11,6 +11,7 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
+from meshplan.specs.rules import check_runtime_rules
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -256,6 +257,7 @@ def check_consistency(plan: Plan) -> None:
     _check_pipeline(plan)
     if mem.sac_ops not in (None, AUTO) and mem.activation_checkpointing not in ("selective", AUTO):
         raise InputError("memory.sac_ops", "applies only with activation_checkpointing: selective")
+    check_runtime_rules(plan)
 
 
 def _check_pipeline(plan: Plan) -> None:

@@ -1,12 +1,18 @@
-"""What the runtime can run on each backend: the one set of rules that the planner (which plans to
-offer), the estimate (which CP attention it prices) and `meshplan run` (which plans it refuses
-before launch) all read. Pure Python: no torch, so the cost model may import it."""
+"""The rules of a runnable plan, each in one place: which knob combinations PyTorch cannot run
+(the planner prunes them and counts the reason, a plan naming one is refused in one line, `run`
+checks again before launch) and what the runtime can run on each backend (the planner offers,
+the estimate prices and `run` refuses by the same functions). Pure Python: the cost model may
+import it."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from meshplan.specs.plan import MESH_DIMS, Plan
+from meshplan.errors import InputError
+from meshplan.fields import AUTO
+
+if TYPE_CHECKING:  # plan.py checks these rules when it loads a plan
+    from meshplan.specs.plan import Plan
 
 NCCL, GLOO = "nccl", "gloo"
 BACKENDS = (NCCL, GLOO)
@@ -49,6 +55,8 @@ def mesh_order_reason(order: list[str] | tuple[str, ...] | None) -> str | None:
     (replicate, shard), so dp_replicate must be outside dp_shard."""
     if order is None:
         return None
+    from meshplan.specs.plan import MESH_DIMS
+
     if sorted(order) != sorted(MESH_DIMS):
         return f"must list each of {', '.join(MESH_DIMS)} once"
     if list(order).index("dp_replicate") > list(order).index("dp_shard"):
@@ -76,3 +84,34 @@ def profile_backend(provenance: dict[str, Any] | None) -> str:
     world = (provenance or {}).get("world")
     backend = world.get("backend") if isinstance(world, dict) else None
     return backend if backend in BACKENDS else NCCL
+
+
+# Schedules whose backward is two passes (torch.distributed.pipelining's I and W actions): input
+# gradients first, with the graph retained, weight gradients later.
+SPLIT_BACKWARD_SCHEDULES = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+
+SAC_SPLIT_BACKWARD = "selective AC with a split-backward (zero-bubble) schedule"
+
+
+def ac_schedule_reason(pp: int, schedule: str, ac: str) -> str | None:
+    """Selective AC under a split-backward schedule: the input-gradient and the weight-gradient pass
+    are separate autograd calls, so a checkpointed block is recomputed once for each; PyTorch's
+    selective-checkpoint cache hands out each saved tensor once ("Trying to backward an extra time").
+    Full AC recomputes the whole block each time and runs. TorchTitan runs its zero-bubble
+    schedules with full AC for the same reason."""
+    if pp > 1 and ac == "selective" and schedule in SPLIT_BACKWARD_SCHEDULES:
+        return SAC_SPLIT_BACKWARD
+    return None
+
+
+def check_runtime_rules(plan: Plan) -> None:
+    """One-line error for a rule the plan breaks; fields still 'auto' are left to the planner."""
+    p, mem = plan.parallel, plan.memory
+    if AUTO in (p.pp, p.pp_schedule, mem.activation_checkpointing):
+        return
+    if ac_schedule_reason(p.pp, p.pp_schedule, mem.activation_checkpointing):
+        raise InputError("memory.activation_checkpointing",
+                         f"selective does not run with pp_schedule {p.pp_schedule}, which splits backward into "
+                         "input- and weight-gradient passes that each recompute a checkpointed block (PyTorch's "
+                         "selective-checkpoint cache serves a saved tensor once); use full or none, or a schedule "
+                         f"other than {', '.join(SPLIT_BACKWARD_SCHEDULES)}")

@@ -87,6 +87,9 @@ def hard_rule_violations(lay, plan, prof) -> list[str]:
             bad.append("micro-batch count not accepted by the schedule")
         if lay.reshard_after_forward:
             bad.append("reshard after forward with PP")
+        # PyTorch's SAC cache serves a saved tensor once; these schedules recompute twice (I and W).
+        if lay.ac == "selective" and lay.schedule in ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"):
+            bad.append("selective AC with a split-backward schedule")
     if lay.ac != "selective" and lay.sac_ops is not None:
         bad.append("sac_ops without selective AC")
     if isinstance(lay.sac_ops, tuple) and not set(lay.sac_ops) <= set(SAC_OPS):

@@ -12,6 +12,7 @@ them ("master_dtypes").
 
 import contextlib
 import json
+import os
 import sys
 import time
 import traceback
@@ -76,10 +77,17 @@ def main() -> None:
         except Exception:
             results[case["name"]] = {"error": traceback.format_exc()}
             print(f"[rank {dist.get_rank()}] case {case['name']} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        if dist.get_rank() == 0:  # after every case, so a world that hangs later keeps what ran
+            _write(results, results_path)
         dist.barrier()
-    if dist.get_rank() == 0:
-        json.dump(results, open(results_path, "w"), indent=1)
     dist.destroy_process_group()
+
+
+def _write(results: dict, path: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=1)
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

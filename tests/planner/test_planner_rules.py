@@ -1,0 +1,96 @@
+"""The runtime rules of specs/rules.py: the planner prunes what breaks them (counted under their
+reason), a plan naming such a combination is refused in one line, and `run`'s pre-launch check
+refuses a Plan built in code."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from planner_brute import make_plan  # noqa: E402
+
+from meshplan import cli  # noqa: E402
+from meshplan.errors import InputError  # noqa: E402
+from meshplan.planner.constraints import AC_SCHEDULE, REASONS  # noqa: E402
+from meshplan.planner.search import search  # noqa: E402
+from meshplan.profiles.registry import load_profile  # noqa: E402
+from meshplan.runtime.options import check_runnable  # noqa: E402
+from meshplan.specs.plan import PP_SCHEDULES, plan_from_dict  # noqa: E402
+from meshplan.specs.rules import ac_schedule_reason  # noqa: E402
+
+# What ran on 2 gloo ranks (tiny-4l, pp 2, torch 2.13): every schedule with AC none and full; with
+# selective AC, the three schedules that run input and weight gradients as separate passes failed
+# with "Trying to backward an extra time" (tests/runtime/test_knob_matrix.py keeps this true).
+SPLIT_BACKWARD = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+
+
+@pytest.mark.parametrize("schedule", PP_SCHEDULES)
+@pytest.mark.parametrize("ac", ["none", "full", "selective"])
+def test_rule_table(schedule, ac):
+    refused = ac == "selective" and schedule in SPLIT_BACKWARD
+    assert (ac_schedule_reason(2, schedule, ac) is not None) == refused
+    assert ac_schedule_reason(1, schedule, ac) is None  # no pipeline: the schedule never runs
+
+
+def _search(schedule: str, ac: str):
+    plan = make_plan("tiny-4l", 2, 128, 8, "cpu-gloo",
+                     (f"parallel.pp_schedule={schedule}", f"memory.activation_checkpointing={ac}"))
+    return search(plan, load_profile("cpu-gloo"), top_k=50)
+
+
+@pytest.mark.parametrize("schedule", sorted(SPLIT_BACKWARD))
+def test_search_prunes_selective_ac_with_split_backward(schedule):
+    """pp is left auto: the pp=2 leaves are rejected under the rule's reason and every leaf is still
+    accounted for; with full AC the same schedule is found, so the rule is what removed them."""
+    res = _search(schedule, "selective")
+    n = res.counts()
+    assert AC_SCHEDULE in REASONS
+    assert n["rejected_by_reason"].get(AC_SCHEDULE, 0) > 0
+    assert n["accounted"] == n["space"], n
+    assert res.ranked and all(c.layout.pp == 1 for c in res.ranked)
+    full = _search(schedule, "full")
+    assert full.counts()["rejected_by_reason"].get(AC_SCHEDULE, 0) == 0
+    assert any(c.layout.pp == 2 and c.layout.schedule == schedule for c in full.ranked)
+
+
+def test_default_search_writes_no_refused_plan():
+    """The issue's command: the best plan and every ranked one obey the rule."""
+    plan = make_plan("tiny-4l", 2, 128, 8, "cpu-gloo")
+    res = search(plan, load_profile("cpu-gloo"), top_k=50)
+    assert res.ranked
+    for c in res.ranked:
+        assert ac_schedule_reason(c.layout.pp, c.layout.schedule, c.layout.ac) is None
+    assert res.counts()["rejected_by_reason"].get(AC_SCHEDULE, 0) > 0
+
+
+def _plan_dict(schedule: str, ac: str) -> dict:
+    return {"model": "tiny-4l", "cluster": "cpu-gloo", "gpus": 2,
+            "training": {"seq_len": 128, "global_batch": 8, "micro_batch": 1, "dtype": "fp32"},
+            "parallel": {"dp_replicate": 1, "dp_shard": 1, "tp": 1, "sequence_parallel": False, "async_tp": False,
+                         "pp": 2, "pp_schedule": schedule, "pp_virtual_stages": 2, "cp": 1},
+            "memory": {"activation_checkpointing": ac, "float8": False, "reshard_after_forward": False},
+            "compile": False}
+
+
+def test_plan_file_refused_in_one_line(tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(_plan_dict("ZBVZeroBubble", "selective")))
+    for command in (["estimate", "--plan", str(path)], ["run", "--plan", str(path), "--steps", "1"]):
+        assert cli.main(command) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "memory.activation_checkpointing" in err and "ZBVZeroBubble" in err
+
+
+def test_run_precheck_refuses_plan_built_in_code():
+    ok = plan_from_dict(_plan_dict("ZBVZeroBubble", "full"))
+    check_runnable(ok)
+    bad = replace(ok, memory=replace(ok.memory, activation_checkpointing="selective"))
+    with pytest.raises(InputError, match="memory.activation_checkpointing"):
+        check_runnable(bad)
