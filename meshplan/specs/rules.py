@@ -75,7 +75,18 @@ def unsupported_fields(plan: Plan, backend: str) -> list[tuple[str, str]]:
     why = mesh_order_reason(plan.mesh_order)
     if why:
         out.append(("mesh_order", why))
+    why = float8_tp_reason(bool(plan.memory.float8), int(p.tp), backend)
+    if why:
+        out.append(("memory.float8", why))
     return out
+
+
+def float8_tp_reason(float8: bool, tp: int, backend: str) -> str | None:
+    """Why float8 cannot run with TP on this backend, or None: float8 TP sends float8 tensors
+    through the TP collectives, and gloo has no float8 dtype ("Invalid scalar type", then a hang)."""
+    if float8 and tp > 1 and backend == GLOO:
+        return "with tp > 1 needs CUDA/NCCL: gloo's collectives have no float8 dtype"
+    return None
 
 
 def profile_backend(provenance: dict[str, Any] | None) -> str:

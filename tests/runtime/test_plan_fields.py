@@ -284,3 +284,11 @@ def test_async_tp_runs_where_it_can_and_is_refused_without_compile():
     refused(plan_from_dict(raw(parallel__tp=2, parallel__async_tp=True)), "parallel.async_tp")
     with pytest.raises(InputError, match="compile"):
         check_runnable(plan_from_dict(raw(parallel__tp=2, parallel__async_tp=True)), "cuda")
+
+
+def test_float8_with_tp_is_refused_on_gloo_only():
+    """gloo has no float8 dtype: a float8 TP plan crashed and then hung there (knob matrix)."""
+    plan = plan_from_dict(raw(parallel__tp=2, memory__float8=True))
+    refused(plan, "memory.float8")
+    check_runnable(plan, "cuda")
+    check_runnable(plan_from_dict(raw(memory__float8=True)), "cpu")  # float8 without TP runs on gloo
