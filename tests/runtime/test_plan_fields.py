@@ -292,3 +292,10 @@ def test_float8_with_tp_is_refused_on_gloo_only():
     refused(plan, "memory.float8")
     check_runnable(plan, "cuda")
     check_runnable(plan_from_dict(raw(memory__float8=True)), "cpu")  # float8 without TP runs on gloo
+
+
+def test_compiled_tp_blocks_without_ac_are_refused_on_gloo():
+    plan = plan_from_dict(raw(parallel__tp=2, compile=True, memory__activation_checkpointing="none"))
+    refused(plan, "compile")
+    check_runnable(plan, "cuda")
+    check_runnable(plan_from_dict(raw(parallel__tp=2, compile=True, memory__activation_checkpointing="full")), "cpu")
