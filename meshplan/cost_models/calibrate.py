@@ -197,7 +197,9 @@ class Errors:
 
 def errors(runs: list[Run], ests: list[Estimate]) -> Errors:
     step = [e.step_time_s / r.step_time_s - 1 for r, e in zip(runs, ests)]
-    mem = [None if r.peak_memory_gib is None else e.peak_memory_gib / r.peak_memory_gib - 1 for r, e in zip(runs, ests)]
+    # A run measures allocated tensors: compared with the estimate's peak less its overhead part.
+    mem = [None if r.peak_memory_gib is None else e.allocated_peak_gib / r.peak_memory_gib - 1
+           for r, e in zip(runs, ests)]
     return Errors(step, mem)
 
 

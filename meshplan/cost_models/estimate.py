@@ -42,6 +42,13 @@ class Estimate:
     mfu_peak: str = "bf16 dense"  # the peak `mfu` is measured against
     mfu_fp8: float | None = None  # float8 plans: model FLOPs against the dense fp8 peak
 
+    @property
+    def allocated_peak_gib(self) -> float:
+        """The peak without its `overhead` part (process context, allocator slack): the tensors
+        alone, which is what a run measures as allocated (CUDA max_memory_allocated, live tensor
+        bytes on CPU). peak_memory_gib, overhead included, is what must fit."""
+        return max(r["total"] - r.get("overhead", 0.0) for r in self.per_rank_memory_gib)
+
     def to_json(self, plan: Plan | None = None) -> dict[str, Any]:
         out = {
             "step_time_s": self.step_time_s,

@@ -150,18 +150,11 @@ def predicted(plan: Any) -> tuple[dict | None, str | None]:
 
         est = estimate_plan(plan, load_profile(plan.cluster))
         return {"step_time_s": est.step_time_s, "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu, "mfu": est.mfu,
-                "peak_memory_gib": est.peak_memory_gib, "peak_memory_allocated_gib": allocated_peak_gib(est),
+                "peak_memory_gib": est.peak_memory_gib, "peak_memory_allocated_gib": est.allocated_peak_gib,
                 "memory_gib": dict(getattr(est, "memory_gib", {}) or {}),
                 "dtype": str(plan.training.dtype), "cluster": str(plan.cluster)}, None
     except Exception as exc:
         return None, f"{exc.__class__.__name__}: {exc}"
-
-
-def allocated_peak_gib(est: Any) -> float:
-    """The estimate's peak without its `overhead` part (process context and allocator slack): the
-    tensors alone, which is what a run measures as allocated (CUDA max_memory_allocated, the live
-    tensor bytes on CPU). The estimate's peak_memory_gib, overhead included, is what must fit."""
-    return max(r["total"] - r.get("overhead", 0.0) for r in est.per_rank_memory_gib)
 
 
 def load_profile_or_none(cluster: str) -> Any:
