@@ -9,7 +9,10 @@ HSDP, TP(+SP), PP, CP and the AC modes, plus the planner's own top choice, then 
 each before and after calibration. The calibration is fitted on the same runs (in-sample), and the
 planner's choice under the calibrated profile is run too when it is a new plan.
 
-    python benchmarks/calibration_benchmark.py [--steps 10] [--out bench-runs]
+    python benchmarks/calibration_benchmark.py [--steps 10] [--out bench-runs] [--fresh-profile]
+
+--fresh-profile measures this machine first (`meshplan profile-cluster --quick`) and predicts with
+that profile, as a newcomer's loop would, instead of the built-in cpu-gloo.
 
 Run directories are kept; a rerun reuses every run that already has a summary.json. The default 10 steps
 time 8 (the first 2 are warm-up): with 2 timed steps, medians of one plan on a shared 2-core host
@@ -20,7 +23,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -52,10 +56,10 @@ PLANS = [
 ]
 
 
-def plan_of(spec: tuple) -> Plan:
+def plan_of(spec: tuple, cluster: str = CLUSTER) -> Plan:
     r, s, c, t, p, mb, ac, sched, v = spec
     return plan_from_dict({
-        "version": 1, "model": MODEL, "cluster": CLUSTER, "gpus": GPUS,
+        "version": 1, "model": MODEL, "cluster": cluster, "gpus": GPUS,
         "training": {"seq_len": SEQ, "global_batch": BATCH, "micro_batch": mb, "dtype": "fp32"},
         "parallel": {"dp_replicate": r, "dp_shard": s, "cp": c, "tp": t, "pp": p, "sequence_parallel": t > 1,
                      "async_tp": False, "pp_schedule": sched, "pp_virtual_stages": v, "pp_layers": None},
@@ -75,8 +79,8 @@ def measured(plan: Plan, run_dir: Path, steps: int) -> Run | None:
     return load_run(str(run_dir))
 
 
-def planner_choice(profile: ClusterProfile) -> Plan:
-    cfg = TuneConfig(model=MODEL, gpus=GPUS, cluster=CLUSTER, seq_len=SEQ, global_batch=BATCH, dtype="fp32",
+def planner_choice(profile: ClusterProfile, cluster: str = CLUSTER) -> Plan:
+    cfg = TuneConfig(model=MODEL, gpus=GPUS, cluster=cluster, seq_len=SEQ, global_batch=BATCH, dtype="fp32",
                      trials=0, steps=0, storage="", study="", out=Path("x.yaml"), runs_dir=Path("."), timeout_s=0, top=1)
     return planner_plans(cfg, profile)[0]
 
@@ -115,16 +119,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--out", default="bench-runs")
+    ap.add_argument("--fresh-profile", action="store_true",
+                    help="first measure this machine with `meshplan profile-cluster --quick` and predict with that "
+                         "profile instead of the built-in cpu-gloo (the newcomer's loop, issue 18)")
     args = ap.parse_args()
     out = Path(args.out)
-    base = load_profile(CLUSTER)
-    print(f"{MODEL} on {GPUS} CPU processes ({CLUSTER}), seq {SEQ}, global batch {BATCH}, {args.steps} steps per run")
+    cluster = fresh_profile(out) if args.fresh_profile else CLUSTER
+    base = load_profile(cluster)
+    print(f"{MODEL} on {GPUS} CPU processes ({cluster}), seq {SEQ}, global batch {BATCH}, {args.steps} steps per run")
     print(load_line("before"), flush=True)
-    runs = [r for i, spec in enumerate(PLANS) if (r := measured(plan_of(spec), out / f"plan{i:02d}", args.steps))]
-    choice_before = find_or_run(planner_choice(base), runs, out, "planner-before", args.steps)
+    runs = [r for i, spec in enumerate(PLANS)
+            if (r := measured(plan_of(spec, cluster), out / f"plan{i:02d}", args.steps))]
+    choice_before = find_or_run(planner_choice(base, cluster), runs, out, "planner-before", args.steps)
     fit = calibrate(runs, base)
     calibrated = replace(fit.profile, name=f"{CLUSTER}-calibrated")
-    choice_after = find_or_run(planner_choice(calibrated), runs, out, "planner-after", args.steps)
+    choice_after = find_or_run(planner_choice(calibrated, cluster), runs, out, "planner-after", args.steps)
     print(f"\n{len(runs)} measured runs (failed runs are left out)")
     print(f"{'run':<16} {'plan':<46} {'meas tok/s':>10} {'pred before':>11} {'pred after':>10}")
     before, after = predict(runs, base), predict(runs, calibrated)
@@ -143,6 +152,17 @@ def main() -> int:
     scores("after calibration (in-sample)", runs, calibrated, choice_after)
     print(load_line("after"))
     return 0
+
+
+def fresh_profile(out: Path) -> str:
+    """`meshplan profile-cluster --nproc GPUS --quick` into out/fresh.yaml (kept: a rerun reuses it)."""
+    path = (out / "fresh.yaml").resolve()
+    if not path.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "meshplan", "profile-cluster", "--nproc", str(GPUS), "--quick", "--out", str(path)]
+        print("$ " + " ".join(cmd[1:]), flush=True)
+        subprocess.run(cmd, check=True)
+    return str(path)
 
 
 def load_line(when: str) -> str:
