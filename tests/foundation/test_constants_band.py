@@ -55,3 +55,20 @@ def test_band_brackets_the_estimate_and_flags_mfu_above_published():
     assert not band.extrapolated
     fast = replace(est, mfu=0.9)  # 90 % of the bf16 peak: above every published H100 run
     assert band_of(row.plan, fast).extrapolated
+
+
+def test_saved_out_of_sample_errors_are_those_of_the_current_model():
+    """The bands read data/validation/oos_errors.json; a cost-model change that forgets to rerun
+    `meshplan validate --cross --save` fails here instead of shipping stale bands."""
+    import json
+    from pathlib import Path
+
+    import meshplan
+    from meshplan.cost_models.crossval import cross_validate, oos_document
+
+    saved = json.loads((Path(meshplan.__file__).parent / "data" / "validation" / "oos_errors.json").read_text())
+    fresh = oos_document(cross_validate())
+    assert [r["label"] for r in saved["rows"]] == [r["label"] for r in fresh["rows"]]
+    for old, new in zip(saved["rows"], fresh["rows"]):
+        assert old["oos_step_error"] == pytest.approx(new["oos_step_error"], abs=1e-4), old["label"]
+        assert old["published_mfu"] == pytest.approx(new["published_mfu"], rel=1e-4), old["label"]
