@@ -54,12 +54,25 @@ PLANS = [
     (1, 1, 2, 2, 1, 1, "selective", "1F1B", 1),   # CP x TP
     (1, 1, 1, 2, 2, 1, "none", "1F1B", 1),        # TP x PP
 ]
+# Ten layouts on 2 ranks: what one 2-core machine runs without oversubscription (--ranks 2).
+PLANS_2 = [
+    (2, 1, 1, 1, 1, 1, "none", "1F1B", 1),        # DDP
+    (1, 2, 1, 1, 1, 1, "none", "1F1B", 1),        # FSDP
+    (1, 2, 1, 1, 1, 2, "full", "1F1B", 1),        # FSDP + full AC
+    (1, 2, 1, 1, 1, 1, "selective", "1F1B", 1),   # FSDP + selective AC
+    (1, 1, 1, 2, 1, 1, "none", "1F1B", 1),        # TP + SP
+    (1, 1, 1, 2, 1, 2, "selective", "1F1B", 1),   # TP + SP + selective AC
+    (1, 1, 1, 1, 2, 1, "none", "1F1B", 1),        # PP 1F1B
+    (1, 1, 1, 1, 2, 1, "full", "GPipe", 1),       # PP GPipe + full AC
+    (1, 1, 1, 1, 2, 1, "none", "Interleaved1F1B", 2),  # PP interleaved
+    (1, 1, 2, 1, 1, 1, "none", "1F1B", 1),        # CP
+]
 
 
-def plan_of(spec: tuple, cluster: str = CLUSTER) -> Plan:
+def plan_of(spec: tuple, cluster: str = CLUSTER, gpus: int = GPUS) -> Plan:
     r, s, c, t, p, mb, ac, sched, v = spec
     return plan_from_dict({
-        "version": 1, "model": MODEL, "cluster": cluster, "gpus": GPUS,
+        "version": 1, "model": MODEL, "cluster": cluster, "gpus": gpus,
         "training": {"seq_len": SEQ, "global_batch": BATCH, "micro_batch": mb, "dtype": "fp32"},
         "parallel": {"dp_replicate": r, "dp_shard": s, "cp": c, "tp": t, "pp": p, "sequence_parallel": t > 1,
                      "async_tp": False, "pp_schedule": sched, "pp_virtual_stages": v, "pp_layers": None},
@@ -79,8 +92,8 @@ def measured(plan: Plan, run_dir: Path, steps: int) -> Run | None:
     return load_run(str(run_dir))
 
 
-def planner_choice(profile: ClusterProfile, cluster: str = CLUSTER) -> Plan:
-    cfg = TuneConfig(model=MODEL, gpus=GPUS, cluster=cluster, seq_len=SEQ, global_batch=BATCH, dtype="fp32",
+def planner_choice(profile: ClusterProfile, cluster: str = CLUSTER, gpus: int = GPUS) -> Plan:
+    cfg = TuneConfig(model=MODEL, gpus=gpus, cluster=cluster, seq_len=SEQ, global_batch=BATCH, dtype="fp32",
                      trials=0, steps=0, storage="", study="", out=Path("x.yaml"), runs_dir=Path("."), timeout_s=0, top=1)
     return planner_plans(cfg, profile)[0]
 
@@ -122,18 +135,21 @@ def main() -> int:
     ap.add_argument("--fresh-profile", action="store_true",
                     help="first measure this machine with `meshplan profile-cluster --quick` and predict with that "
                          "profile instead of the built-in cpu-gloo (the newcomer's loop, issue 18)")
+    ap.add_argument("--ranks", type=int, choices=(2, 4), default=GPUS,
+                    help="processes per run: 4 (13 layouts, as cpu-gloo was measured) or 2 (10 layouts)")
     args = ap.parse_args()
     out = Path(args.out)
-    cluster = fresh_profile(out) if args.fresh_profile else CLUSTER
+    gpus, layouts = args.ranks, (PLANS if args.ranks == 4 else PLANS_2)
+    cluster = fresh_profile(out, gpus) if args.fresh_profile else CLUSTER
     base = load_profile(cluster)
-    print(f"{MODEL} on {GPUS} CPU processes ({cluster}), seq {SEQ}, global batch {BATCH}, {args.steps} steps per run")
+    print(f"{MODEL} on {gpus} CPU processes ({cluster}), seq {SEQ}, global batch {BATCH}, {args.steps} steps per run")
     print(load_line("before"), flush=True)
-    runs = [r for i, spec in enumerate(PLANS)
-            if (r := measured(plan_of(spec, cluster), out / f"plan{i:02d}", args.steps))]
-    choice_before = find_or_run(planner_choice(base, cluster), runs, out, "planner-before", args.steps)
+    runs = [r for i, spec in enumerate(layouts)
+            if (r := measured(plan_of(spec, cluster, gpus), out / f"plan{i:02d}", args.steps))]
+    choice_before = find_or_run(planner_choice(base, cluster, gpus), runs, out, "planner-before", args.steps)
     fit = calibrate(runs, base)
     calibrated = replace(fit.profile, name=f"{CLUSTER}-calibrated")
-    choice_after = find_or_run(planner_choice(calibrated, cluster), runs, out, "planner-after", args.steps)
+    choice_after = find_or_run(planner_choice(calibrated, cluster, gpus), runs, out, "planner-after", args.steps)
     print(f"\n{len(runs)} measured runs (failed runs are left out)")
     print(f"{'run':<16} {'plan':<46} {'meas tok/s':>10} {'pred before':>11} {'pred after':>10}")
     before, after = predict(runs, base), predict(runs, calibrated)
@@ -154,12 +170,12 @@ def main() -> int:
     return 0
 
 
-def fresh_profile(out: Path) -> str:
-    """`meshplan profile-cluster --nproc GPUS --quick` into out/fresh.yaml (kept: a rerun reuses it)."""
+def fresh_profile(out: Path, gpus: int) -> str:
+    """`meshplan profile-cluster --nproc gpus --quick` into out/fresh.yaml (kept: a rerun reuses it)."""
     path = (out / "fresh.yaml").resolve()
     if not path.is_file():
         out.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "meshplan", "profile-cluster", "--nproc", str(GPUS), "--quick", "--out", str(path)]
+        cmd = [sys.executable, "-m", "meshplan", "profile-cluster", "--nproc", str(gpus), "--quick", "--out", str(path)]
         print("$ " + " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, check=True)
     return str(path)

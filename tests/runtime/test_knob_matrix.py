@@ -5,7 +5,7 @@ trains two steps or is refused by the plan rules, and the rules refuse exactly w
 The cross product (knob_matrix.py) is too big to run; a deterministic all-pairs cover of it is run,
 every runnable plan of a world size one after another in one torchrun world (layouts_worker.py), the
 two worlds concurrently. torch.compile on CPU builds C++ per compiled block (~20 s a plan here), so
-compile = true joins the cover only with MESHPLAN_TEST_COMPILE=1.
+compile = true joins the cover only with MESHPLAN_TEST_COMPILE_MATRIX=1 (20-30 s of inductor build per plan).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES, ac_schedule_reason
 HERE = Path(__file__).parent
 STEPS = 2
 WORLD_TIMEOUT_S = 300
-COMPILE = (False, True) if os.environ.get("MESHPLAN_TEST_COMPILE") == "1" else (False,)
+COMPILE = (False, True) if os.environ.get("MESHPLAN_TEST_COMPILE_MATRIX") == "1" else (False,)
 CASES = all_cases(COMPILE)
 COVER = covering_subset(CASES)
 BY_NAME = {c.name: c for c in COVER}
