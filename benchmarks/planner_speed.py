@@ -10,6 +10,7 @@ declared space size and the search's own time from --json, and candidates per se
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -17,9 +18,14 @@ import tempfile
 import time
 from pathlib import Path
 
+# Every planner time the README quotes.
 CASES = [
     ["--model", "llama70b", "--gpus", "256"],
-    ["--model", "llama3-405b", "--gpus", "16384"],
+    ["--model", "llama3-405b", "--gpus", "16384", "--cluster", "h100-80g-dgx", "--seq-len", "8192",
+     "--global-batch", "2048"],
+    ["--model", "llama70b", "--gpus", "384"],
+    ["--model", "llama3-405b", "--gpus", "4096"],
+    ["--model", "tiny-4l", "--gpus", "2", "--cluster", "cpu-gloo"],
 ]
 
 
@@ -57,7 +63,8 @@ def run(args: list[str]) -> dict:
 
 
 def main() -> None:
-    print(f"python {sys.version.split()[0]}; cold subprocess per case (imports, profile load, search, writing)")
+    print(f"python {sys.version.split()[0]}; cold subprocess per case (imports, profile load, search, writing); "
+          f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     for args in CASES:
         r = run(args)
         print(f"\nmeshplan plan {r['args']}")
