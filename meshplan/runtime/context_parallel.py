@@ -59,6 +59,17 @@ def _visibility(q: _Span, k: _Span) -> str:
     return "causal"
 
 
+def _visible_tiles(layout: SeqLayout, n: int):
+    """(key rank, local query slice, key slice, causal) for every query tile x key tile that is not
+    fully masked: the diagonal tiles causal, the fully visible ones without a mask."""
+    for qs in chunk_spans(layout, n):
+        for r, ksp in _all_spans(layout, n):
+            kind = _visibility(qs, ksp)
+            if kind != "skip":
+                yield (r, slice(qs.local, qs.local + qs.length), slice(ksp.local, ksp.local + ksp.length),
+                       kind == "causal")
+
+
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:
     """Scores, softmax statistics and accumulators: fp32 (fp64 for fp64 inputs)."""
     return torch.promote_types(x.dtype, torch.float32)
@@ -98,21 +109,15 @@ class _GatherAttention(torch.autograd.Function):
         out = torch.zeros_like(qg)
         m = torch.full(qg.shape[:-1], float("-inf"), dtype=acc, device=q.device)
         l = torch.zeros(qg.shape[:-1], dtype=acc, device=q.device)
-        for qs in chunk_spans(layout, n):
-            for r, ksp in _all_spans(layout, n):
-                kind = _visibility(qs, ksp)
-                if kind == "skip":
-                    continue
-                qi = slice(qs.local, qs.local + qs.length)
-                ki = slice(ksp.local, ksp.local + ksp.length)
-                s = _scores(qg[..., qi, :], ks[r][:, :, ki].to(acc), scale, kind == "causal")
-                m_new = torch.maximum(m[..., qi], s.amax(-1))
-                p = torch.exp(s - m_new.unsqueeze(-1))
-                alpha = torch.exp(m[..., qi] - m_new)
-                l[..., qi] = l[..., qi] * alpha + p.sum(-1)
-                pv = torch.matmul(p, vs[r][:, :, ki].to(acc).unsqueeze(2))
-                out[..., qi, :] = out[..., qi, :] * alpha.unsqueeze(-1) + pv
-                m[..., qi] = m_new
+        for r, qi, ki, causal in _visible_tiles(layout, n):
+            s = _scores(qg[..., qi, :], ks[r][:, :, ki].to(acc), scale, causal)
+            m_new = torch.maximum(m[..., qi], s.amax(-1))
+            p = torch.exp(s - m_new.unsqueeze(-1))
+            alpha = torch.exp(m[..., qi] - m_new)
+            l[..., qi] = l[..., qi] * alpha + p.sum(-1)
+            pv = torch.matmul(p, vs[r][:, :, ki].to(acc).unsqueeze(2))
+            out[..., qi, :] = out[..., qi, :] * alpha.unsqueeze(-1) + pv
+            m[..., qi] = m_new
         del ks, vs
         out = out / l.unsqueeze(-1)
         lse = m + torch.log(l)
@@ -135,21 +140,15 @@ class _GatherAttention(torch.autograd.Function):
         dq = torch.zeros_like(qg)
         dk = [torch.zeros(kk.shape, dtype=acc, device=kk.device) for kk in ks]
         dv = [torch.zeros(vv.shape, dtype=acc, device=vv.device) for vv in vs]
-        for qs in chunk_spans(layout, n):
-            for r, ksp in _all_spans(layout, n):
-                kind = _visibility(qs, ksp)
-                if kind == "skip":
-                    continue
-                qi = slice(qs.local, qs.local + qs.length)
-                ki = slice(ksp.local, ksp.local + ksp.length)
-                kt, vt = ks[r][:, :, ki].to(acc), vs[r][:, :, ki].to(acc)
-                p = torch.exp(_scores(qg[..., qi, :], kt, scale, kind == "causal") - lse[..., qi].unsqueeze(-1))
-                dot = do[..., qi, :]
-                dv[r][:, :, ki] += torch.matmul(p.transpose(-1, -2), dot).sum(2)
-                dp = torch.matmul(dot, vt.unsqueeze(2).transpose(-1, -2))
-                ds = p * (dp - delta[..., qi].unsqueeze(-1)) * scale
-                dq[..., qi, :] += torch.matmul(ds, kt.unsqueeze(2))
-                dk[r][:, :, ki] += torch.matmul(ds.transpose(-1, -2), qg[..., qi, :]).sum(2)
+        for r, qi, ki, causal in _visible_tiles(layout, n):
+            kt, vt = ks[r][:, :, ki].to(acc), vs[r][:, :, ki].to(acc)
+            p = torch.exp(_scores(qg[..., qi, :], kt, scale, causal) - lse[..., qi].unsqueeze(-1))
+            dot = do[..., qi, :]
+            dv[r][:, :, ki] += torch.matmul(p.transpose(-1, -2), dot).sum(2)
+            dp = torch.matmul(dot, vt.unsqueeze(2).transpose(-1, -2))
+            ds = p * (dp - delta[..., qi].unsqueeze(-1)) * scale
+            dq[..., qi, :] += torch.matmul(ds, kt.unsqueeze(2))
+            dk[r][:, :, ki] += torch.matmul(ds.transpose(-1, -2), qg[..., qi, :]).sum(2)
         del ks, vs
         # Every rank's queries used every rank's K/V: sum the K/V gradients onto their owners.
         dk_own, dv_own = _reduce_to_owner(dk, group), _reduce_to_owner(dv, group)
