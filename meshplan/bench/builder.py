@@ -110,6 +110,10 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                             f"backward / forward rate over lengths{' (capped at 1)' if min(ratios) > 1 else ''}; "
                             f"max_fraction of the {raw.attention_dtype} peak",
         "overheads.context_gib": raw.memory.source.split(";")[-1].strip(),
+        "overheads.host": "measured (bench/host.py): op_dispatch_s = host time per aten op of a chain of tiny "
+                          "multiplies, forward and backward; python_dispatch_s = the extra per op of the same chain "
+                          "on replicated DTensors; medians over ranks; 0 on a GPU, where the host runs ahead of the kernels; "
+                          "collective_sync_s not measured (0)",
     }
     return device, prov
 
@@ -183,7 +187,8 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "max_nodes": max_nodes,
         "links": links,
         "collectives": fits,
-        "overheads": {"context_gib": sig(raw.memory.context_gib, 3)},
+        "overheads": {"context_gib": sig(raw.memory.context_gib, 3), "op_dispatch_s": sig(raw.host_dispatch_s[0], 3),
+                      "python_dispatch_s": sig(raw.host_dispatch_s[1], 3)},
         "provenance": prov,
         "collective_points": [{k: (sig(v) if isinstance(v, float) else v) for k, v in p.items()}
                               for p in raw.collective_points],

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from meshplan.errors import InputError
 
 from meshplan.bench import collectives as coll
+from meshplan.bench.host import bench_host_dispatch
 from meshplan.bench import compute
 from meshplan.bench.env import BenchEnv, init_env, shutdown
 from meshplan.bench.memory import MemoryResult, measure_memory
@@ -51,6 +52,7 @@ class RawResults:
     notes: list[str]
     skipped: list[str]
     elapsed_s: float
+    host_dispatch_s: tuple[float, float] = (0.0, 0.0)  # (op_dispatch_s, python_dispatch_s), medians over ranks
 
 
 def _median_over_ranks(points: list[dict], keys: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[dict]:
@@ -121,10 +123,14 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     memory = MemoryResult(memory.memory_gib, _scalar_min(memory.usable_gib), _scalar_median(memory.context_gib),
                           memory.source)
     dtypes, notes, mm, att, att_dtype, copy_gbs, eff = _compute_section(env, opts, budget.section(COMPUTE_SHARE), rep)
+    # The cost model adds host time in line with the compute (cost_models/host.py): right on a CPU,
+    # where the host is the device; on a GPU the host runs ahead of the kernels and it stays 0.
+    op_s, python_s = (0.0, 0.0) if env.is_cuda else bench_host_dispatch(env, 0.1 if opts.quick else 0.3, 5)
+    host = (_scalar_median(op_s), _scalar_median(python_s))
     points = _collective_section(env, opts, sets, budget, rep)
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
     return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
-                      time.time() - start)
+                      time.time() - start, host)
 
 
 def _scalar_min(value: float) -> float:
