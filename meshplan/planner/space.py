@@ -28,6 +28,7 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
+from meshplan.specs.rules import tied_embeddings_reason
 from meshplan.specs.rules import async_tp_reason, profile_backend
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
@@ -100,6 +101,11 @@ class Space:
             notes.append(note)
         # The workload is fixed from here on: what the search (and any re-search) plans for.
         plan = plan.copy()
+        if plan.model.tied_embeddings:
+            for dim in ("tp", "pp"):
+                if getattr(plan.parallel, dim) == AUTO:
+                    setattr(plan.parallel, dim, 1)
+            notes.append(f"tp = pp = 1 for {plan.model.name}: {tied_embeddings_reason(True, 2, 2)}")
         plan.training.seq_len, plan.training.global_batch = seq_len, gb
         if plan.gpus > profile.devices_per_node * profile.max_nodes:
             raise InputError("gpus", f"{plan.gpus} exceeds the cluster's {profile.devices_per_node} x {profile.max_nodes} devices")

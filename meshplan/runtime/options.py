@@ -7,7 +7,7 @@ from pathlib import Path
 
 from meshplan.errors import InputError
 from meshplan.specs.plan import Plan
-from meshplan.specs.rules import backend_for_device, check_runtime_rules, unsupported_fields
+from meshplan.specs.rules import backend_for_device, check_runtime_rules, tied_embeddings_reason, unsupported_fields
 
 
 @dataclass
@@ -59,8 +59,9 @@ def check_runnable(plan: Plan, device_type: str | None = None) -> None:
                                  "`meshplan estimate --plan P` or `meshplan plan` first")
     check_runtime_rules(plan)  # the combinations the planner prunes (specs/rules.py), for plans built in code
     p = plan.parallel
-    if plan.model.tied_embeddings and (p.tp > 1 or p.pp > 1):
-        raise InputError("model.tied_embeddings", "the runtime supports tied embeddings only with tp = pp = 1")
+    why = tied_embeddings_reason(plan.model.tied_embeddings, p.tp, p.pp)
+    if why:
+        raise InputError("model.tied_embeddings", why)
     local_batch = plan.training.global_batch // p.dp()
     if p.pp > 1:
         n_micro = local_batch // plan.training.micro_batch

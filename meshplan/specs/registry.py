@@ -26,6 +26,9 @@ BUILTIN_MODELS: dict[str, ModelSpec] = {
         _llama("llama3-8b", 4096, 32, 32, 8, 14336, 128256),
         _llama("llama3-70b", 8192, 80, 64, 8, 28672, 128256),
         _llama("llama3-405b", 16384, 126, 128, 8, 53248, 128256),
+        # Llama 3.2 1B / 3B (Meta's model cards and config.json): tied input and output embeddings.
+        _llama("llama3.2-1b", 2048, 16, 32, 8, 8192, 128256, tied_embeddings=True),
+        _llama("llama3.2-3b", 3072, 28, 24, 8, 8192, 128256, tied_embeddings=True),
         _llama("llama2-7b", 4096, 32, 32, 32, 11008, 32000, rope_theta=10000.0, max_seq_len=4096),
         _llama("llama2-13b", 5120, 40, 40, 40, 13824, 32000, rope_theta=10000.0, max_seq_len=4096),
         _llama("llama2-70b", 8192, 80, 64, 8, 28672, 32000, rope_theta=10000.0, max_seq_len=4096),

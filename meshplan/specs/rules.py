@@ -139,3 +139,11 @@ def check_runtime_rules(plan: Plan) -> None:
                          "input- and weight-gradient passes that each recompute a checkpointed block (PyTorch's "
                          "selective-checkpoint cache serves a saved tensor once); use full or none, or a schedule "
                          f"other than {', '.join(SPLIT_BACKWARD_SCHEDULES)}")
+
+
+def tied_embeddings_reason(tied: bool, tp: int, pp: int) -> str | None:
+    """Why a model with tied embeddings cannot run in this layout, or None: the runtime ties the
+    output projection to tok_embeddings.weight, which TP's vocab sharding and a pipeline cut split."""
+    if tied and (tp > 1 or pp > 1):
+        return "the runtime supports tied embeddings only with tp = pp = 1"
+    return None
