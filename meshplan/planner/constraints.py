@@ -5,7 +5,8 @@ from __future__ import annotations
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES
-from meshplan.specs.rules import SAC_SPLIT_BACKWARD, ac_schedule_reason  # noqa: F401 (the search reads rules here)
+from meshplan.specs.rules import (MICROBATCHES, SAC_SPLIT_BACKWARD, ac_schedule_reason,  # noqa: F401 (the search
+                                  microbatch_reason)  # reads the runtime's rules here)
 
 TP_NODE = "tp > devices per node"
 TP_DIVIDES = "tp does not divide heads / kv heads / ffn"
@@ -17,24 +18,9 @@ SCHEDULE_V = "virtual stages invalid for schedule"
 SPLIT = "pp_layers does not match pp*virtual stages / n_layers"
 NO_FIT = "does not fit in memory"
 SIM_FAILED = "pipeline simulator failed"
-MICROBATCHES = "micro-batch count not accepted by the pipeline schedule"
 AC_SCHEDULE = SAC_SPLIT_BACKWARD  # a runtime rule (specs/rules.py): the planner counts it like its own
 
 REASONS = (TP_NODE, TP_DIVIDES, CP_SEQ, SP_SEQ, PP_LAYERS, SCHEDULE_V, SPLIT, BATCH, MICROBATCHES, AC_SCHEDULE, NO_FIT)
-
-
-def microbatch_reason(schedule: str, pp: int, v: int, n_micro: int) -> str | None:
-    """PyTorch's pipelining rules: interleaved schedules run whole rounds of min(n_micro, pp)
-    micro-batches; V-shaped ones need at least one micro-batch per stage."""
-    if pp == 1:
-        return None
-    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS") and v > 1:
-        rounds = max(1, n_micro // pp)
-        if n_micro % rounds:
-            return MICROBATCHES
-    if schedule in V_SHAPED_SCHEDULES and n_micro < pp * v:
-        return MICROBATCHES
-    return None
 
 
 def mesh_reason(spec: ModelSpec, prof: ClusterProfile, seq_len: int, tp: int, cp: int) -> str | None:

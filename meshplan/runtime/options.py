@@ -7,7 +7,8 @@ from pathlib import Path
 
 from meshplan.errors import InputError
 from meshplan.specs.plan import Plan
-from meshplan.specs.rules import backend_for_device, check_runtime_rules, tied_embeddings_reason, unsupported_fields
+from meshplan.specs.rules import (backend_for_device, check_runtime_rules, microbatch_reason, tied_embeddings_reason,
+                                  unsupported_fields)
 
 
 @dataclass
@@ -63,12 +64,12 @@ def check_runnable(plan: Plan, device_type: str | None = None) -> None:
     if why:
         raise InputError("model.tied_embeddings", why)
     local_batch = plan.training.global_batch // p.dp()
-    if p.pp > 1:
-        n_micro = local_batch // plan.training.micro_batch
-        n_stages = p.pp * p.pp_virtual_stages
-        if n_micro < n_stages and p.pp_schedule not in ("GPipe", "1F1B"):
-            raise InputError("training.global_batch", f"gives {n_micro} pipeline micro-batches per rank; "
-                                                      f"{p.pp_schedule} needs at least pp*pp_virtual_stages = {n_stages}")
+    n_micro = local_batch // plan.training.micro_batch
+    if microbatch_reason(p.pp_schedule, p.pp, p.pp_virtual_stages, n_micro):
+        raise InputError("training.global_batch", f"gives {n_micro} pipeline micro-batches per rank, which "
+                                                  f"{p.pp_schedule} (pp {p.pp}, {p.pp_virtual_stages} virtual stages) "
+                                                  "does not accept: interleaved schedules need whole rounds of pp, "
+                                                  "V-shaped ones at least pp*pp_virtual_stages")
     if device_type is not None:
         check_backend(plan, device_type)
 

@@ -147,3 +147,24 @@ def tied_embeddings_reason(tied: bool, tp: int, pp: int) -> str | None:
     if tied and (tp > 1 or pp > 1):
         return "the runtime supports tied embeddings only with tp = pp = 1"
     return None
+
+
+MICROBATCHES = "micro-batch count not accepted by the pipeline schedule"
+
+
+def microbatch_reason(schedule: str, pp: int, v: int, n_micro: int) -> str | None:
+    """PyTorch's pipelining rules (torch.distributed.pipelining.schedules): interleaved schedules
+    run whole rounds of min(n_micro, pp) micro-batches; V-shaped ones need at least one micro-batch
+    per stage. Fewer micro-batches than stages is fine otherwise (run on gloo: Interleaved1F1B,
+    InterleavedZeroBubble and LoopedBFS at pp 2, v 2 with 2 micro-batches train)."""
+    from meshplan.specs.plan import V_SHAPED_SCHEDULES
+
+    if pp == 1:
+        return None
+    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS") and v > 1:
+        rounds = max(1, n_micro // pp)
+        if n_micro % rounds:
+            return MICROBATCHES
+    if schedule in V_SHAPED_SCHEDULES and n_micro < pp * v:
+        return MICROBATCHES
+    return None

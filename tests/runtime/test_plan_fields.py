@@ -299,3 +299,17 @@ def test_compiled_tp_blocks_without_ac_are_refused_on_gloo():
     refused(plan, "compile")
     check_runnable(plan, "cuda")
     check_runnable(plan_from_dict(raw(parallel__tp=2, compile=True, memory__activation_checkpointing="full")), "cpu")
+
+
+@pytest.mark.parametrize("schedule, accepted", [("Interleaved1F1B", True), ("InterleavedZeroBubble", True),
+                                                ("LoopedBFS", True), ("ZBVZeroBubble", False)])
+def test_micro_batch_rule_is_pytorchs(schedule, accepted):
+    """pp 2 x 2 virtual stages with 2 micro-batches per rank: the interleaved schedules train (run on
+    gloo, torch 2.13: both steps, same losses as each other), which the runtime used to refuse
+    while the planner picked it; V-shaped ZBV needs a micro-batch per stage (4)."""
+    plan = plan_from_dict({**raw(model="tiny-4l", parallel__pp=2, parallel__pp_virtual_stages=2,
+                                 parallel__pp_schedule=schedule, training__global_batch=2, training__micro_batch=1)})
+    if accepted:
+        check_runnable(plan, "cpu")
+    else:
+        refused(plan, "training.global_batch")

@@ -1,0 +1,347 @@
+"""Does a plan keep its promise on real GPUs? Profile the machine, plan Llama 3.2 1B and 3B (and
+Llama 3 8B where it fits), run the planner's top plans and forced variants with `meshplan run`,
+and print predicted against measured: step time, memory (allocated and reserved), OOM, MFU, then
+Spearman and top-1 regret. Writes CSV and Markdown.
+
+    python benchmarks/gpu_truth.py [--quick] [--out benchmarks/results]
+
+On a CUDA machine with 1-8 GPUs it uses every GPU. The same code runs on CPU with gloo for a smoke
+test: `--cluster cpu-gloo --models tiny-4l --gpus 2 --seq-len 128 --global-batch 8`.
+Everything goes through the command line (`python -m meshplan ...`), exactly as users run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# The nearest built-in profile by device name, when profiling fails or is skipped.
+BUILTIN_BY_DEVICE = {"H200": "h200-141g-dgx", "H100": "h100-80g-dgx", "B200": "b200-180g-dgx", "A100": "a100-80g-dgx"}
+RUN_TIMEOUT_S = 240
+
+
+@dataclass
+class Result:
+    name: str
+    model: str
+    source: str  # planner rank N | variant: what was forced
+    predicted_s: float | None = None
+    measured_s: float | None = None
+    predicted_gib: float | None = None
+    predicted_allocated_gib: float | None = None
+    allocated_gib: float | None = None
+    reserved_gib: float | None = None
+    fits: bool | None = None
+    oom: bool = False
+    failed: str = ""
+    mfu_predicted: float | None = None
+    mfu_measured: float | None = None
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted_s and self.measured_s:
+            return self.predicted_s / self.measured_s - 1
+        return None
+
+
+@dataclass
+class Setup:
+    gpus: int
+    cluster: str
+    device: str
+    notes: list[str] = field(default_factory=list)
+
+
+def meshplan(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def detect(args: argparse.Namespace, out: Path) -> Setup:
+    """GPUs present and the profile to plan with (measured here unless told otherwise)."""
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        name = torch.cuda.get_device_name(0) if cuda else "CPU"
+        gpus = torch.cuda.device_count() if cuda else args.gpus
+    except ImportError:
+        cuda, name, gpus = False, "CPU", args.gpus
+    setup = Setup(gpus=args.gpus or gpus, cluster=args.cluster or "", device=name)
+    if setup.cluster:
+        return setup
+    builtin = next((p for key, p in BUILTIN_BY_DEVICE.items() if key in name), "h100-80g-dgx" if cuda else "cpu-gloo")
+    if args.no_profile:
+        setup.cluster = builtin
+        return setup
+    path = out / "profile.yaml"
+    res = meshplan("profile-cluster", "--nproc", str(setup.gpus), "--quick", "--out", str(path), timeout=300)
+    if res.returncode == 0 and path.is_file():
+        setup.cluster = str(path)
+        setup.notes.append(f"profile measured here: {path}")
+    else:
+        setup.cluster = builtin
+        last = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+        setup.notes.append(f"profile-cluster failed ({last[0]}): planning with the built-in {builtin}")
+    return setup
+
+
+def write_plan(mapping: dict[str, Any], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(mapping, sort_keys=False))
+    return path
+
+
+def planner_top(model: str, setup: Setup, args: argparse.Namespace, work: Path, top: int) -> list[tuple[str, dict]]:
+    """(label, plan mapping) of the planner's top plans, best first."""
+    from meshplan.specs.outputs import candidates_path, plan_mapping_of_candidate
+
+    best = work / model / "best.yaml"
+    best.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["plan", "--model", model, "--gpus", str(setup.gpus), "--cluster", setup.cluster,
+           "--seq-len", str(args.seq_len), "--top", str(top), "--out", str(best), "--json"]
+    if args.global_batch:
+        cmd += ["--global-batch", str(args.global_batch)]
+    res = meshplan(*cmd, timeout=600)
+    if res.returncode != 0:
+        print(f"{model}: no plan ({(res.stderr or res.stdout).strip().splitlines()[-1:]})", flush=True)
+        return []
+    with open(candidates_path(best)) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("rank")]
+    rows.sort(key=lambda r: int(r["rank"]))
+    return [(f"planner #{r['rank']}", plan_mapping_of_candidate(r)) for r in rows[:top]]
+
+
+def variants(best: dict[str, Any], fp8: bool, quick: bool) -> list[tuple[str, dict]]:
+    """The best plan with one knob forced at a time: compile, AC, float8, micro-batch."""
+    forced: list[tuple[str, str, Any]] = [("compile", "", v) for v in (False, True)]
+    forced += [("memory", "activation_checkpointing", ac) for ac in ("none", "selective", "full")]
+    if fp8:
+        forced += [("memory", "float8", v) for v in (False, True)]
+    forced += [("training", "micro_batch", mb) for mb in ((1, 2) if quick else (1, 2, 4))]
+    out = []
+    for section, key, value in forced:
+        plan = json.loads(json.dumps(best))
+        if section == "compile":
+            plan["compile"] = value
+        else:
+            plan[section][key] = value
+        if key == "activation_checkpointing":
+            plan["memory"]["sac_ops"] = None
+        out.append((f"variant {key or section}={value}", plan))
+    return out
+
+
+def estimate(path: Path) -> dict[str, Any] | str:
+    res = meshplan("estimate", "--plan", str(path), "--json", timeout=300)
+    if res.returncode != 0:
+        return (res.stderr or res.stdout).strip().splitlines()[-1] if (res.stderr or res.stdout).strip() else "refused"
+    return json.loads(res.stdout)
+
+
+def run(path: Path, run_dir: Path, steps: int) -> tuple[dict | None, str, bool]:
+    """(summary.json, failure text, out of memory)."""
+    try:
+        res = meshplan("run", "--plan", str(path), "--steps", str(steps), "--out", str(run_dir), "--quiet")
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {RUN_TIMEOUT_S} s", False
+    text = res.stdout + res.stderr
+    oom = "out of memory" in text.lower() or "OutOfMemoryError" in text
+    summary = run_dir / "summary.json"
+    if res.returncode != 0 or not summary.is_file():
+        last = text.strip().splitlines()[-1:] or [f"exit {res.returncode}"]
+        return None, last[0][:160], oom
+    return json.loads(summary.read_text()), "", oom
+
+
+def measure(label: str, model: str, plan: dict, work: Path, steps: int) -> Result:
+    name = f"{model}/{label}".replace(" ", "_").replace("#", "")
+    path = write_plan(plan, work / "plans" / f"{name.replace('/', '-')}.yaml")
+    r = Result(name=name, model=model, source=label)
+    est = estimate(path)
+    if isinstance(est, str):
+        r.failed = f"refused: {est[:140]}"
+        return r
+    r.predicted_s, r.predicted_gib, r.fits = est["step_time_s"], est["peak_memory_gib"], est["fits"]
+    r.mfu_predicted = est.get("mfu")
+    if not r.fits:
+        r.failed = "estimate: does not fit (not run)"
+        return r
+    summary, failed, r.oom = run(path, work / "runs" / name.replace("/", "-"), steps)
+    r.failed = failed
+    if summary:
+        m, p = summary["measured"], summary.get("predicted") or {}
+        r.measured_s = m.get("step_time_s")
+        r.allocated_gib, r.reserved_gib = m.get("peak_memory_gib"), m.get("peak_memory_reserved_gib")
+        r.predicted_allocated_gib = p.get("peak_memory_allocated_gib")
+        if r.mfu_predicted is not None and r.measured_s:
+            r.mfu_measured = r.mfu_predicted * r.predicted_s / r.measured_s  # MFU is proportional to 1/step
+    return r
+
+
+def ranks(values: list[float]) -> list[float]:
+    """Average ranks (1-based) of `values`, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(x: list[float], y: list[float]) -> float | None:
+    """Spearman's rank correlation (Pearson of average ranks); None below 3 points or for a constant side."""
+    if len(x) < 3:
+        return None
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return None if sxx == 0 or syy == 0 else sxy / (sxx * syy) ** 0.5
+
+
+def top1_regret(results: list[Result]) -> float | None:
+    """Measured step time of the planner's pick over the best measured, minus 1."""
+    ran = [r for r in results if r.measured_s]
+    pick = next((r for r in ran if r.source == "planner #1"), None)
+    return None if pick is None or not ran else pick.measured_s / min(r.measured_s for r in ran) - 1
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "" if v is None else format(v, spec)
+
+
+def table_rows(results: list[Result]) -> list[list[str]]:
+    return [[r.name, _fmt(r.predicted_s, ".3f"), _fmt(r.measured_s, ".3f"), _fmt(r.error, "+.1%"),
+             _fmt(r.predicted_gib, ".2f"), _fmt(r.predicted_allocated_gib, ".2f"), _fmt(r.allocated_gib, ".2f"),
+             _fmt(r.reserved_gib, ".2f"), "OOM" if r.oom else "", _fmt(r.mfu_predicted, ".1%"),
+             _fmt(r.mfu_measured, ".1%"), r.failed] for r in results]
+
+
+HEADER = ["plan", "pred s/step", "meas s/step", "error", "pred GiB", "pred alloc GiB", "meas alloc GiB",
+          "meas reserved GiB", "OOM", "pred MFU", "meas MFU", "note"]
+
+
+def summary_lines(results: list[Result]) -> list[str]:
+    lines = []
+    for model in dict.fromkeys(r.model for r in results):
+        ran = [r for r in results if r.model == model and r.measured_s and r.predicted_s]
+        rho = spearman([1 / r.predicted_s for r in ran], [1 / r.measured_s for r in ran])
+        regret = top1_regret([r for r in results if r.model == model])
+        oom_fit = sum(1 for r in results if r.model == model and r.oom and r.fits)
+        lines.append(f"{model}: {len(ran)} plans measured; Spearman (predicted vs measured throughput) "
+                     f"{_fmt(rho, '+.3f') or 'n/a'}; top-1 regret {_fmt(regret, '.1%') or 'n/a'}; "
+                     f"OOM among plans the estimate says fit: {oom_fit}")
+    return lines
+
+
+def write_outputs(results: list[Result], setup: Setup, out: Path, elapsed: float) -> tuple[Path, Path]:
+    stem = out / f"gpu_truth-{setup.device.replace(' ', '_')}-{date.today().isoformat()}"
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(asdict(results[0]).keys()) + ["error"] if results else ["name"])
+    writer.writeheader()
+    for r in results:
+        writer.writerow({**asdict(r), "error": r.error})
+    md = [f"# GPU truth: {setup.gpus} x {setup.device}, profile {setup.cluster}", "", *setup.notes, "",
+          "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    md += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
+    md += ["", *summary_lines(results), "", f"elapsed {elapsed:.0f} s"]
+    out.mkdir(parents=True, exist_ok=True)
+    for path, text in ((stem.with_suffix(".csv"), buf.getvalue()), (stem.with_suffix(".md"), "\n".join(md) + "\n")):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return stem.with_suffix(".csv"), stem.with_suffix(".md")
+
+
+def print_table(results: list[Result]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="predicted vs measured")
+    for col in HEADER:
+        table.add_column(col, justify="left" if col in ("plan", "note") else "right")
+    for row in table_rows(results):
+        table.add_row(*row)
+    console = Console(width=200)
+    console.print(table)
+    for line in summary_lines(results):
+        console.print(line)
+
+
+def parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="1B only, top 3, fewer variants and steps")
+    ap.add_argument("--out", default="benchmarks/results", help="where the CSV and Markdown go")
+    ap.add_argument("--models", nargs="+", default=None, help="default: llama3.2-1b llama3.2-3b (+ llama3-8b)")
+    ap.add_argument("--cluster", default=None, help="plan with this profile instead of measuring one")
+    ap.add_argument("--no-profile", action="store_true", help="use the nearest built-in profile")
+    ap.add_argument("--gpus", type=int, default=0, help="processes (default: the GPUs present)")
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--global-batch", type=int, default=None)
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12, 6 with --quick)")
+    ap.add_argument("--budget-s", type=float, default=480.0, help="no new run starts after this many seconds")
+    return ap.parse_args()
+
+
+def main() -> int:
+    args = parse()
+    t0 = time.time()
+    out = Path(args.out)
+    work = Path(tempfile.mkdtemp(prefix="gpu_truth-"))
+    setup = detect(args, work)
+    models = args.models or (["llama3.2-1b"] if args.quick else ["llama3.2-1b", "llama3.2-3b", "llama3-8b"])
+    steps = args.steps or (6 if args.quick else 12)
+    print(f"{setup.gpus} x {setup.device}; profile {setup.cluster}; models {', '.join(models)}; {steps} steps per run",
+          flush=True)
+    for note in setup.notes:
+        print(note, flush=True)
+    from meshplan.profiles.registry import load_profile
+
+    fp8 = "fp8" in load_profile(setup.cluster).device.peak_tflops  # float8 variants only where it runs
+    results: list[Result] = []
+    for model in models:
+        top = planner_top(model, setup, args, work, 3 if args.quick else 5)
+        if not top:
+            continue
+        candidates = top + variants(top[0][1], fp8, args.quick)
+        seen: set[str] = set()
+        for label, plan in candidates:
+            key = json.dumps(plan, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+            if time.time() - t0 > args.budget_s:
+                results.append(Result(name=f"{model}/{label}", model=model, source=label, failed="skipped: time budget"))
+                continue
+            r = measure(label, model, plan, work, steps)
+            print(f"  {r.name}: predicted {_fmt(r.predicted_s, '.3f')} s, measured {_fmt(r.measured_s, '.3f')} s "
+                  f"{r.failed}", flush=True)
+            results.append(r)
+    if not results:
+        print("nothing was planned")
+        return 1
+    print_table(results)
+    paths = write_outputs(results, setup, out, time.time() - t0)
+    print(f"wrote {paths[0]} and {paths[1]} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
