@@ -117,8 +117,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
     assert "--data" in _error(meshplan_run("--plan", str(good), "--data", str(tmp_path / "nope.bin")))
     assert "--resume" in _error(meshplan_run("--plan", str(good), "--resume"))
 
-    bad_pp = plan("tiny-4l", pp=2, pp_schedule="Interleaved1F1B", pp_virtual_stages=2)
-    bad_pp["training"]["micro_batch"] = 4  # 2 micro-batches < 4 stages
+    bad_pp = plan("tiny-4l", pp=2, pp_schedule="ZBVZeroBubble", pp_virtual_stages=2)
+    bad_pp["training"]["micro_batch"] = 4  # 2 micro-batches < 4 stages: V-shaped schedules need one per stage
     f = tmp_path / "bad_pp.yaml"
     f.write_text(yaml.safe_dump(bad_pp))
     assert "micro-batches" in _error(meshplan_run("--plan", str(f)))

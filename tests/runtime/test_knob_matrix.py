@@ -10,18 +10,15 @@ compile = true joins the cover only with MESHPLAN_TEST_COMPILE_MATRIX=1 (20-30 s
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from knob_matrix import AC_CHOICES, KNOBS, all_cases, covering_subset, knobs_of, pairs
+from worlds import collect, start_world
 from meshplan.runtime.activation_checkpoint import apply_ac
 from meshplan.runtime.model import build_model, init_weights
 from meshplan.runtime.options import RunOptions
@@ -118,15 +115,7 @@ def test_split_backward_fails_exactly_where_the_rule_refuses(ac):
 
 # ---- the cover, run ------------------------------------------------------------------------------
 def _start_world(nproc: int, cases: list, tmp: Path):
-    spec = [{"name": c.name, "plan": c.plan, "steps": STEPS} for c in cases]
-    cases_file, results = tmp / f"matrix{nproc}.json", tmp / f"matrix_results{nproc}.json"
-    cases_file.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "--max-restarts=0", str(HERE / "layouts_worker.py"), str(cases_file), str(results)]
-    log = open(tmp / f"matrix{nproc}.log", "w")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # A session of its own: on a timeout the whole world (torchrun and its workers) is killed.
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True), results
+    return start_world(nproc, [{"name": c.name, "plan": c.plan, "steps": STEPS} for c in cases], tmp, "matrix")
 
 
 @pytest.fixture(scope="module")
@@ -134,18 +123,7 @@ def results(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("matrix")
     runnable = [c for c in COVER if c.refused is None]
     worlds = [_start_world(n, [c for c in runnable if knobs_of(c.combo)["world"] == n], tmp) for n in KNOBS["world"]]
-    out: dict = {}
-    for proc, path in worlds:
-        try:
-            proc.wait(timeout=WORLD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for p, _ in worlds:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGKILL)
-            pytest.fail(f"gloo world timed out after {WORLD_TIMEOUT_S}s (hang?); logs in {tmp}")
-        assert path.exists(), f"world wrote no results (exit {proc.returncode}); see {tmp}"
-        out.update(json.loads(path.read_text()))
-    return out
+    return collect(worlds, WORLD_TIMEOUT_S, tmp)
 
 
 @pytest.fixture(scope="module")

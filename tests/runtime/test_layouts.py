@@ -35,14 +35,12 @@ all its layouts one after another (layouts_worker.py), under a hard timeout so a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cases import BF16, BF16_FOUR_RANK, FLOAT8, FOUR_RANK, TWO_RANK
+from worlds import collect, start_world
 from meshplan.runtime.options import RunOptions
 from meshplan.runtime.reference import reference_run
 from meshplan.specs.plan import plan_from_dict
@@ -70,30 +68,14 @@ def _case(name: str, plan: dict) -> dict:
 
 
 def _start_world(nproc: int, cases: dict, tmp: Path):
-    spec = [_case(k, v) for k, v in cases.items()]
-    cases_file, results = tmp / f"cases{nproc}.json", tmp / f"results{nproc}.json"
-    cases_file.write_text(json.dumps(spec))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "--max-restarts=0", str(HERE / "layouts_worker.py"), str(cases_file), str(results)]
-    log = open(tmp / f"world{nproc}.log", "w")
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"}), results
+    return start_world(nproc, [_case(k, v) for k, v in cases.items()], tmp, "cases")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("worlds")
     worlds = [_start_world(2, {**TWO_RANK, **FLOAT8, **BF16}, tmp), _start_world(4, {**FOUR_RANK, **BF16_FOUR_RANK}, tmp)]
-    out: dict = {}
-    for proc, path in worlds:
-        try:
-            proc.wait(timeout=WORLD_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            for p, _ in worlds:
-                p.kill()
-            pytest.fail(f"gloo world timed out after {WORLD_TIMEOUT_S}s (hang?); logs in {tmp}")
-        assert path.exists(), f"world wrote no results (exit {proc.returncode}); see {tmp}"
-        out.update(json.loads(path.read_text()))
-    return out
+    return collect(worlds, WORLD_TIMEOUT_S, tmp)
 
 
 _REFERENCE: dict[str, list[float]] = {}
