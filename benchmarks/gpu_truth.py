@@ -27,8 +27,6 @@ from typing import Any
 
 import yaml
 
-# The nearest built-in profile by device name, when profiling fails or is skipped.
-BUILTIN_BY_DEVICE = {"H200": "h200-141g-dgx", "H100": "h100-80g-dgx", "B200": "b200-180g-dgx", "A100": "a100-80g-dgx"}
 RUN_TIMEOUT_S = 240
 
 
@@ -81,7 +79,11 @@ def detect(args: argparse.Namespace, out: Path) -> Setup:
     setup = Setup(gpus=args.gpus or gpus, cluster=args.cluster or "", device=name)
     if setup.cluster:
         return setup
-    builtin = next((p for key, p in BUILTIN_BY_DEVICE.items() if key in name), "h100-80g-dgx" if cuda else "cpu-gloo")
+    from meshplan.profiles.registry import nearest_builtin
+
+    builtin = nearest_builtin(name)
+    if cuda and builtin == "cpu-gloo":  # a GPU without a built-in profile of its own
+        builtin = "h100-80g-dgx"
     if args.no_profile:
         setup.cluster = builtin
         return setup

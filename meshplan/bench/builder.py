@@ -14,6 +14,7 @@ from meshplan.errors import InputError
 from meshplan.cost_models.comm import bus_factor
 from meshplan.profiles import fit
 from meshplan.profiles.fit import TARGET, collective_entry, sig, written_error
+from meshplan.profiles.registry import load_profile, nearest_builtin
 from meshplan.bench.env import BenchEnv
 from meshplan.bench.peaks import cores_per_device, cpu_peaks, gpu_datasheet_peaks, resolve_peaks
 from meshplan.bench.progress import Reporter
@@ -146,11 +147,13 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
     """(profile, the dict it was built from, fit errors per level and collective)."""
     node_link = opts.node_link or ("nvlink" if env.is_cuda else "loopback")
     measured = [node_link] + ([opts.network_link] if env.nnodes >= 2 else [])
+    device, prov = _device_section(raw, env)
+    if env.world == 1:
+        return _single_process_profile(env, opts, raw, device, prov)
     fits, errors = fit_collectives(raw.collective_points, measured)
     max_nodes = opts.max_nodes or env.nnodes
     copy_network = env.nnodes < 2 and max_nodes > 1
     links = _links_section(fits, measured, node_link, opts.network_link, copy_network)
-    device, prov = _device_section(raw, env)
     prov.update({
         "source": "measured by meshplan profile-cluster",
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -196,6 +199,39 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
     return profile_from_dict(data, "measured profile"), data, errors
 
 
+def _single_process_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults, device: dict,
+                            prov: dict) -> tuple[ClusterProfile, dict, dict]:
+    """One process measures the device alone: links and collectives come from the built-in
+    profile of the same part, and the provenance says so."""
+    donor_name = nearest_builtin(raw.device_name)
+    donor = load_profile(donor_name).to_dict()
+    prov.update({
+        "source": "measured by meshplan profile-cluster (1 process)",
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": opts.command,
+        "hosts": sorted(set(env.hosts)),
+        "world": {"world_size": 1, "nnodes": 1, "local_world_size": 1, "backend": env.backend,
+                  "device_type": env.device.type},
+        "versions": _versions(),
+        "collectives": f"not measured (1 process): links and collectives taken from the built-in {donor_name}",
+        "elapsed_s": round(raw.elapsed_s, 1),
+    })
+    data = {
+        "name": opts.name,
+        "description": opts.description or f"1 x {device['name']}, measured alone by meshplan profile-cluster; "
+                                           f"links and collectives from {donor_name}",
+        "device": device,
+        "devices_per_node": donor["devices_per_node"],
+        "max_nodes": opts.max_nodes or donor["max_nodes"],
+        "links": donor["links"],
+        "collectives": donor["collectives"],
+        "overheads": {"context_gib": sig(raw.memory.context_gib, 3), "op_dispatch_s": sig(raw.host_dispatch_s[0], 3),
+                      "python_dispatch_s": sig(raw.host_dispatch_s[1], 3)},
+        "provenance": prov,
+    }
+    return profile_from_dict(data, "measured profile"), data, {}
+
+
 def format_fit_table(errors: dict) -> str:
     lines = [f"{'level':<10} {'collective':<15} {'group':>5} {'points>=1MiB':>12} {'lines':>5} {'max err':>8} "
              f"{'mean err':>9} {'median se':>10} {'one line':>9}"]
@@ -213,9 +249,12 @@ def format_fit_table(errors: dict) -> str:
 
 
 def build_and_write(env: BenchEnv, opts: WorkerOptions, raw: RawResults, rep: Reporter) -> ClusterProfile:
-    profile, _, errors = build_profile(env, opts, raw)
+    profile, data, errors = build_profile(env, opts, raw)
     atomic_write_yaml(opts.out, profile.to_dict())
-    print(f"\nfit error of time = latency + bytes/busbw, sizes >= 1 MiB:\n{format_fit_table(errors)}")
+    if errors:
+        print(f"\nfit error of time = latency + bytes/busbw, sizes >= 1 MiB:\n{format_fit_table(errors)}")
+    else:
+        print(f"\ncollectives: {data['provenance']['collectives']}")
     print(f"\n{'level':<10} {'collective':<15} {'busbw GB/s':>10} {'latency us':>10}  (large messages; small)")
     for level, table in profile.collectives.items():
         for c, f in table.items():

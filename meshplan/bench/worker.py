@@ -127,7 +127,8 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     # where the host is the device; on a GPU the host runs ahead of the kernels and it stays 0.
     op_s, python_s = (0.0, 0.0) if env.is_cuda else bench_host_dispatch(env, 0.1 if opts.quick else 0.3, 5)
     host = (_scalar_median(op_s), _scalar_median(python_s))
-    points = _collective_section(env, opts, sets, budget, rep)
+    # One process: nothing to communicate with; the builder takes collectives from a built-in profile.
+    points = _collective_section(env, opts, sets, budget, rep) if env.world > 1 else []
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
     return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
                       time.time() - start, host)

@@ -120,10 +120,10 @@ def main(argv: list[str]) -> int:
             raise InputError("--nproc", "is for starting torchrun; under torchrun the world comes from torchrun")
         return _worker(args, name, out, budget, max_nodes, node_link, network_link, argv)
     limit = _device_limit(cuda)
-    nproc = _positive_int(args.nproc, "--nproc", 2) if args.nproc is not None else limit
+    nproc = _positive_int(args.nproc, "--nproc", 1) if args.nproc is not None else limit
     what = "GPUs" if cuda else "CPU cores (one process per core)"
-    if nproc < 2:
-        raise InputError("--nproc", f"collectives need at least 2 processes; this node has {limit} {what}")
+    if nproc < 1:
+        raise InputError("--nproc", f"must be >= 1, got {nproc}")
     if nproc > limit:
         raise InputError("--nproc", f"at most {limit} on this node ({what}), got {nproc}")
     check_writable(out)
@@ -156,10 +156,9 @@ def _worker(args: argparse.Namespace, name: str, out: str, budget: float | None,
         None if budget is None else time.time() + budget)
     if int(os.environ["RANK"]) == 0:
         check_writable(out)
-    if int(os.environ["WORLD_SIZE"]) < 2:
-        raise InputError("WORLD_SIZE", "collectives need at least 2 processes")
-    if int(os.environ.get("LOCAL_WORLD_SIZE", 2)) < 2:
-        raise InputError("--nproc-per-node", "needs at least 2 processes per node to measure the in-node link")
+    if int(os.environ["WORLD_SIZE"]) > 1 and int(os.environ.get("LOCAL_WORLD_SIZE", 2)) < 2:
+        raise InputError("--nproc-per-node", "needs at least 2 processes per node to measure the in-node link "
+                                             "(1 process in all measures the device alone)")
     opts = WorkerOptions(out=out, name=name, quick=args.quick, deadline=deadline, max_nodes=max_nodes,
                          node_link=node_link, network_link=network_link, description=args.description,
                          command=os.environ.get(COMMAND_ENV) or "meshplan profile-cluster " + shlex.join(argv))

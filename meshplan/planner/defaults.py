@@ -23,7 +23,11 @@ HOST_STEP_S = 1.0
 
 
 def is_host_cpu(profile: ClusterProfile) -> bool:
-    """A profile of CPU processes (gloo on a host): no half-precision peak, as profile-cluster writes it."""
+    """A profile of CPU processes: measured on gloo (profile-cluster records the backend), or, for
+    a profile that records none, one without a half-precision peak (GPUs all have one)."""
+    world = (profile.provenance or {}).get("world")
+    if isinstance(world, dict) and world.get("device_type"):
+        return world["device_type"] == "cpu"
     peaks = profile.device.peak_tflops
     return "bf16" not in peaks and "fp16" not in peaks
 

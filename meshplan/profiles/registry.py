@@ -35,3 +35,13 @@ def load_profile(name_or_path: str) -> ClusterProfile:
     if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         return _load_path(str(path.resolve()))
     raise InputError("cluster", f"unknown cluster {name_or_path!r}; valid: {', '.join(builtin_names())} (or a path to a profile YAML)")
+
+
+# Device-name keys to the built-in profile of that part (the first key found in the name wins).
+BUILTIN_BY_DEVICE = (("H200", "h200-141g-dgx"), ("H100", "h100-80g-dgx"), ("B200", "b200-180g-dgx"),
+                     ("A100", "a100-80g-dgx"))
+
+
+def nearest_builtin(device_name: str) -> str:
+    """The built-in profile of the same part as `device_name` (cpu-gloo for anything else)."""
+    return next((name for key, name in BUILTIN_BY_DEVICE if key in device_name), "cpu-gloo")

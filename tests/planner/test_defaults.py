@@ -53,3 +53,15 @@ def test_planner_table_shows_the_field_that_tells_rows_apart():
     same_dims_moved = _plan(["dp_replicate", "pp", "dp_shard", "cp", "tp"])  # only size-1 dims moved
     assert differing_fields([a, b]) == ["mesh_order"]
     assert differing_fields([a, same_dims_moved]) == []
+
+
+def test_a_measured_cpu_profile_with_a_bf16_peak_is_still_a_cpu():
+    """profile-cluster finds a bf16 rate on CPUs with AMX/AVX-512 BF16; the backend it recorded decides."""
+    from dataclasses import replace
+
+    cpu = load_profile("cpu-gloo")
+    with_bf16 = replace(cpu, device=replace(cpu.device, peak_tflops={**cpu.device.peak_tflops, "bf16": 2.8}),
+                        provenance={**(cpu.provenance or {}), "world": {"device_type": "cpu", "backend": "gloo"}})
+    assert is_host_cpu(with_bf16)
+    gpu = load_profile("h100-80g-dgx")
+    assert not is_host_cpu(replace(gpu, provenance={**(gpu.provenance or {}), "world": {"device_type": "cuda"}}))

@@ -15,7 +15,6 @@ def not_under_torchrun(monkeypatch):
 
 @pytest.mark.parametrize("args,field", [
     (["--nproc", "0"], "--nproc"),
-    (["--nproc", "1"], "--nproc"),
     (["--nproc", "two"], "--nproc"),
     (["--nproc", str((os.cpu_count() or 1) + 1)], "--nproc"),
     (["--time-budget", "-5"], "--time-budget"),
