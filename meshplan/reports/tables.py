@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from meshplan.cost_models.band import band_of
 from meshplan.reports.inputs import RUN_METRICS, Config
 
 PLAN_SECTIONS = ("training", "parallel", "memory")
@@ -96,6 +97,10 @@ def metrics_table(configs: list[Config]) -> pd.DataFrame:
         est = c.estimate
         col = {label: (getattr(est, key) if est else None) for key, label in SUMMARY_METRICS.items()}
         col["pipeline bubble fraction"] = est.pipeline.get("bubble_fraction") if est else None
+        band = band_of(c.plan, est) if est else None
+        # The out-of-sample errors of the nearest published runs (meshplan validate --cross).
+        col["step time band (s)"] = f"{band.low_s:.4g}-{band.high_s:.4g}" if band else None
+        col["extrapolated"] = (band.extrapolation if band.extrapolated else "no") if band else None
         # Every rank's parts are drawn in the memory figure; the table names the rank that peaks.
         top = max(est.per_rank_memory_gib, key=lambda r: r["total"]) if est and est.per_rank_memory_gib else None
         col["pp rank with the peak (see the memory figure)"] = int(top["pp_rank"]) if top else None

@@ -161,3 +161,14 @@ def test_search_figure_counts_what_the_search_rejected_for_memory(search_output)
     assert "46,550 more rejected by the search" in over
     assert "of 50,000 plans searched" in ax.get_title()
     plt.close(fig)
+
+
+def test_metrics_table_gives_each_plan_its_band(configs):
+    """The report shows the estimate's band: it brackets the predicted step time."""
+    from meshplan.reports.tables import metrics_table
+
+    table = metrics_table(configs)
+    for c in configs:
+        low, high = (float(x) for x in table.loc["step time band (s)", c.name].split("-"))
+        assert low <= c.estimate.step_time_s <= high
+        assert table.loc["extrapolated", c.name]
