@@ -99,7 +99,7 @@ def metrics_table(configs: list[Config]) -> pd.DataFrame:
         col["pipeline bubble fraction"] = est.pipeline.get("bubble_fraction") if est else None
         band = band_of(c.plan, est) if est else None
         # The out-of-sample errors of the nearest published runs (meshplan validate --cross).
-        col["step time band (s)"] = f"{band.low_s:.4g}-{band.high_s:.4g}" if band else None
+        col["step time band (s)"] = f"{band.low_s:.4g} to {band.high_s:.4g}" if band else None
         col["extrapolated"] = (band.extrapolation if band.extrapolated else "no") if band else None
         # Every rank's parts are drawn in the memory figure; the table names the rank that peaks.
         top = max(est.per_rank_memory_gib, key=lambda r: r["total"]) if est and est.per_rank_memory_gib else None

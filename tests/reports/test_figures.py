@@ -169,6 +169,6 @@ def test_metrics_table_gives_each_plan_its_band(configs):
 
     table = metrics_table(configs)
     for c in configs:
-        low, high = (float(x) for x in table.loc["step time band (s)", c.name].split("-"))
+        low, high = (float(x) for x in table.loc["step time band (s)", c.name].split(" to "))
         assert low <= c.estimate.step_time_s <= high
         assert table.loc["extrapolated", c.name]
