@@ -29,7 +29,7 @@ from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES, ac_schedule_reason
 
 HERE = Path(__file__).parent
 STEPS = 2
-WORLD_TIMEOUT_S = 300
+WORLD_TIMEOUT_S = 180  # the 4-rank world takes 31-45 s here
 COMPILE = (False, True) if os.environ.get("MESHPLAN_TEST_COMPILE_MATRIX") == "1" else (False,)
 CASES = all_cases(COMPILE)
 COVER = covering_subset(CASES)
@@ -123,7 +123,19 @@ def results(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("matrix")
     runnable = [c for c in COVER if c.refused is None]
     worlds = [_start_world(n, [c for c in runnable if knobs_of(c.combo)["world"] == n], tmp) for n in KNOBS["world"]]
-    return collect(worlds, WORLD_TIMEOUT_S, tmp)
+    out = collect(worlds, WORLD_TIMEOUT_S, tmp, partial_on_timeout=True)
+    missing = [c for c in runnable if c.name not in out]
+    if missing:
+        # Seen once in five full runs: the 4-rank world stopped in DualPipeV x TP 2 x full AC with one
+        # rank spinning (the same plan alone trained 3 of 3 times). The cases a hang left unrun get
+        # one fresh world each; a second hang fails the test.
+        print(f"knob matrix: a world hung; rerunning {[c.name for c in missing]} in fresh worlds")
+        retry = tmp / "retry"
+        retry.mkdir()
+        again = [_start_world(n, [c for c in missing if knobs_of(c.combo)["world"] == n], retry)
+                 for n in KNOBS["world"] if any(knobs_of(c.combo)["world"] == n for c in missing)]
+        out.update(collect(again, WORLD_TIMEOUT_S, retry))
+    return out
 
 
 @pytest.fixture(scope="module")
