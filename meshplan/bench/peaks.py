@@ -6,9 +6,11 @@ import csv
 import os
 import re
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
-PEAK_CSV = Path(__file__).resolve().parents[2] / "data" / "published" / "hw_peak_dense_tflops.csv"
+# package data (meshplan/data/published), found the same way as the cost model's published tables
+PEAK_CSV = resources.files("meshplan.data.published").joinpath("hw_peak_dense_tflops.csv")
 DTYPE_COLUMNS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 
