@@ -15,15 +15,13 @@ A checkpoint is DIR/checkpoints/step-NNNNNNNN/ holding
 
 Publishing: every rank writes into the hidden `.tmp-step-N`; after a barrier rank 0 writes
 meta.json and .complete (fsync'ed), fsyncs the directory and renames it to `step-N` (atomic), then
-fsyncs the parent (directory fsyncs are skipped on filesystems that refuse them, e.g. FUSE and
-network volumes); rank 0's outcome is broadcast, so a failed publish raises on every rank. A crash at any point leaves either no `step-N` or a complete one, and the
+fsyncs the parent. A crash at any point leaves either no `step-N` or a complete one, and the
 older checkpoints untouched; `latest` only returns directories holding `.complete`. The run
 directory must be on a filesystem every rank sees (as DCP itself requires on several nodes).
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -64,20 +62,10 @@ def _state(parts: list[nn.Module], optimizers: list, schedulers: list, step: int
             "train": {"step": step, "data_position": data_position, "lr_scheduler": schedulers[0].state_dict()}}
 
 
-# errno of fsync on a directory where the filesystem cannot sync directories (FUSE and network
-# volumes, as GPU clouds mount their work directories): the files are synced, the rename is as
-# durable as that filesystem makes it; failing the whole checkpoint for it helps nobody.
-DIR_FSYNC_UNSUPPORTED = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
-
-
 def _fsync_path(path: Path) -> None:
-    """fsync a directory (its entries: the renames); skipped where the filesystem cannot."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in DIR_FSYNC_UNSUPPORTED:
-            raise
     finally:
         os.close(fd)
 
@@ -103,25 +91,11 @@ def save(root: Path, parts: list[nn.Module], optimizers: list, schedulers: list,
     dcp.save(_state(parts, optimizers, schedulers, step, data_position), checkpoint_id=str(tmp))
     maybe_fail("raise_in_save", rank, step)
     dist.barrier()
-    error = None
     if rank == 0:
-        try:
-            _publish(tmp, final, {**(meta or {}), "step": step, "data_position": data_position,
-                                  "world_size": dist.get_world_size(), "written_at": time.time()})
-        except OSError as exc:
-            error = f"cannot publish checkpoint {final}: {exc}"
-    # rank 0's outcome on every rank (and the barrier that keeps the next save's clean-up after this
-    # rename): a failed publish stops every rank with the same error instead of leaving the others
-    # training on towards a collective rank 0 never joins
-    outcome = [error]
-    dist.broadcast_object_list(outcome, src=0)
-    if outcome[0] is not None:
-        raise CheckpointWriteError(outcome[0])
+        _publish(tmp, final, {**(meta or {}), "step": step, "data_position": data_position,
+                              "world_size": dist.get_world_size(), "written_at": time.time()})
+    dist.barrier()
     return final
-
-
-class CheckpointWriteError(RuntimeError):
-    """The checkpoint's shards were written but rank 0 could not publish them (meta.json, rename)."""
 
 
 def _remove_stale_temps(ckpt_root: Path) -> None:
