@@ -15,7 +15,7 @@ from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls,
 from meshplan.cost_models.host import step_host_time
 from meshplan.cost_models.layout import Layout, layout_of, runtime_paths
 from meshplan.cost_models.memory import GIB, kept_output_units, rank_memory, stage_params
-from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, stage_rank
+from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
@@ -163,7 +163,8 @@ def profile_cache(prof: ClusterProfile) -> dict:
     return cache
 
 
-def _block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
+def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
+    """What a block's time depends on: the key of its memo (stage_inputs) and of the planner's per-layer times."""
     return ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
             lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.elementwise_kernels,
             lay.kv_repeated, lay.cp_attention, spans["tp"], spans["cp"])
@@ -185,7 +186,7 @@ def stage_inputs(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEF
     """What stage_durations needs besides the split: (group spans, block time, head time, embedding time)."""
     cache = profile_cache(prof)
     spans = group_spans(lay, prof, order)
-    key = _block_key(lay, spans)
+    key = block_key(lay, spans)
     bt = cache.get(key)
     if bt is None:
         bt = cache[key] = block_time(lay, prof, spans)
@@ -233,8 +234,8 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
                        keep_blocks=False, kept=list(kept_units))
         makespan, busy, in_flight, kept = res.makespan, res.busy, res.peak_in_flight, res.peak_kept
     elif lay.pp > 1:
-        makespan, busy, in_flight, _ = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
-                                                        tuple(d.backward), tuple(d.weight), d.p2p)
+        makespan, busy, in_flight, _ = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
+                                                       tuple(d.backward), tuple(d.weight), d.p2p)
     else:
         makespan, busy, in_flight = parts.busy[0], parts.busy, (1.0,)
     step, crit, _, data_detail, optimizer = compose_step(lay, prof, parts, makespan)
@@ -272,15 +273,6 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
         mfu_peak=f"{peak_name} dense",
         mfu_fp8=mfu_fp8,
     )
-
-
-@lru_cache(maxsize=8192)
-def _simulate_cached(schedule: str, pp: int, v: int, m: int, f: tuple, b: tuple, w: tuple, p2p: float,
-                     held_limit: tuple | None = None):
-    """(makespan, busy, in flight, whether a rank passed held_limit and the simulation stopped)."""
-    res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p, keep_blocks=False,
-                   held_limit=list(held_limit) if held_limit else None)
-    return res.makespan, tuple(res.busy), tuple(res.peak_in_flight), res.exceeded
 
 
 def _time_breakdown(lay: Layout, bt, head, emb, crit: int, busy: float, makespan: float) -> dict[str, float]:

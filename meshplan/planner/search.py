@@ -23,13 +23,14 @@ from typing import Any
 
 import numpy as np
 
-from meshplan.cost_models.estimate import (Estimate, StageDurations, StepParts, _block_key, _simulate_cached,
-                                           compose_step, estimate_layout, group_spans, rank_busy, stage_durations,
-                                           stage_inputs, step_parts)
+from meshplan.cost_models.estimate import (Estimate, StageDurations, StepParts, block_key, compose_step,
+                                           estimate_layout, group_spans, rank_busy, stage_durations, stage_inputs,
+                                           step_parts)
 from meshplan.cost_models.layout import Layout, even_split, runtime_paths
 from meshplan.cost_models.memory import GIB, STATE_BYTES, rank_memory, stage_params
 
-from meshplan.cost_models.pipeline import bound_kind, in_flight_limit, linear_bound_rows, makespan_lower_bound
+from meshplan.cost_models.pipeline import (bound_kind, in_flight_limit, linear_bound_rows, makespan_lower_bound,
+                                           simulate_cached)
 from meshplan.planner.constraints import (BATCH, MICROBATCHES, NO_FIT, PP_LAYERS, REASONS, SP_SEQ, SPLIT,
                                           ac_schedule_reason, batch_reason, mesh_reason, microbatch_reason,
                                           schedule_reason, sp_reason)
@@ -415,7 +416,7 @@ class _Search:
 
     def per_layer_times(self, lay: Layout, order) -> tuple[float, float]:
         """(one layer's F+B+W, embedding + head F+B) per micro-batch: the work any split distributes."""
-        key = _block_key(lay, group_spans(lay, self.prof, order))
+        key = block_key(lay, group_spans(lay, self.prof, order))
         got = self._layer_cache.get(key)
         if got is None:
             got = self._layer_cache[key] = self._per_layer_times(lay, order)
@@ -697,8 +698,8 @@ class _Search:
             if over is not None and all(a >= b for a, b in zip(over, held_limit)):
                 return None
             f, b, w = ([x * unit for x in key[i]] for i in (4, 5, 6))
-            makespan, _, in_flight, exceeded = _simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f),
-                                                                tuple(b), tuple(w), key[7] * unit, held_limit)
+            makespan, _, in_flight, exceeded = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f),
+                                                               tuple(b), tuple(w), key[7] * unit, held_limit)
             self.n_sim += 1
             if exceeded:
                 self.n_stopped += 1
