@@ -12,7 +12,7 @@ from typing import Any
 from meshplan.cost_models.band import band_of
 from meshplan.cost_models.mfu import mfu
 from meshplan.cost_models.memory import GIB, STATE_BYTES
-from meshplan.planner.search import Candidate, SearchResult
+from meshplan.planner.results import Candidate, SearchResult
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.outputs import candidates_path, search_counts_path
 from meshplan.specs.plan import Plan

@@ -56,11 +56,13 @@ def default_jobs() -> int:
 
 
 def search_on_workers(search: Any, meshes: list, jobs: int) -> bool:
-    """Search `meshes` on `jobs` processes, this one included; False (nothing done) if not worth it."""
+    """Search `meshes` on `jobs` processes, this one included; False (nothing done) if not worth it.
+    `search` is the planner's search (search.py): its `search_meshes` runs, its `pool` (pool.py) shares
+    the K-th best and gathers what each worker found."""
     if jobs < 2 or len(meshes) < MIN_MESHES_PER_JOB * jobs or "fork" not in multiprocessing.get_all_start_methods():
         return False
     ctx = multiprocessing.get_context("fork")
-    search.shared_top = SharedTopK(ctx, search.top_k)
+    search.pool.shared_top = SharedTopK(ctx, search.pool.top_k)
     shares = deal(meshes, jobs)
     workers = []
     for share in shares[1:]:
@@ -79,7 +81,7 @@ def search_on_workers(search: Any, meshes: list, jobs: int) -> bool:
             proc.join()
             if status == "error":
                 raise RuntimeError(f"planner worker failed: {payload}")
-            search.absorb(payload)
+            search.pool.absorb(payload)
     finally:
         for proc, _ in workers:  # after a failure here, the others' work is moot
             if proc.is_alive():
@@ -115,7 +117,7 @@ def _work(search: Any, share: list, send) -> None:
     _die_with_parent()
     try:
         search.search_meshes(share)
-        send.send(("ok", search.findings()))
+        send.send(("ok", search.pool.findings()))
     except BaseException:  # reported, so that the parent raises instead of waiting
         send.send(("error", traceback.format_exc()))
     finally:

@@ -117,14 +117,18 @@ def test_absorbing_a_worker_does_not_offer_its_plans_twice():
 
     from meshplan.planner.workers import SharedTopK
 
+    from meshplan.planner.enumeration import Enumeration
+    from meshplan.planner.pool import Pool
+    from meshplan.planner.results import Candidate
+
     plan = make_plan("tiny", 8, 256, 16, "h100-80g-dgx", ())
     space = search_module.Space.from_plan(plan, PROFILE, None)
     shared = SharedTopK(multiprocessing.get_context("fork"), 2)
-    worker, parent = search_module._Search(space, PROFILE, 2), search_module._Search(space, PROFILE, 2)
+    worker, parent = Pool(2), Pool(2)  # the K-best pools of a worker's search and of the parent's
     worker.shared_top = parent.shared_top = shared
-    lay = parent.layout(space.meshes()[0], 1, False, "full", None, False, True)
+    lay = Enumeration(space, PROFILE).layout(space.meshes()[0], 1, False, "full", None, False, True)
     for step in (1.0, 2.0):
-        worker.keep(search_module.Candidate(lay, ("tp",), step, 1.0))
+        worker.keep(Candidate(lay, ("tp",), step, 1.0))
     assert list(shared.steps) == [1.0, 2.0]
     parent.absorb(worker.findings())
     assert list(shared.steps) == [1.0, 2.0] and shared.kth.value == 2.0

@@ -249,7 +249,8 @@ def _actions(sched: Schedule, st: _State) -> dict[str, Callable]:
     n_micro, last_stage, split, rank_of = sched.n_micro, sched.n_stages - 1, sched.split_backward, sched.rank_of
     fixed_f, fixed_b = [ra.forwards is not None for ra in sched.ranks], [ra.backwards is not None for ra in sched.ranks]
     f, b_eff, w, kept, held_limit, share = st.f, st.b_eff, st.w, st.kept, st.held_limit, st.w_memory_share
-    f_done, b_done, held, n_held, kept_by, pending_w = st.f_done, st.b_done, st.held, st.n_held, st.kept_by, st.pending_w
+    f_done, b_done, held, n_held, kept_by = st.f_done, st.b_done, st.held, st.n_held, st.kept_by
+    pending_w = st.pending_w
     next_f, next_b, pending_f, next_f_mb, next_b_mb = st.next_f, st.next_b, st.pending_f, st.next_f_mb, st.next_b_mb
 
     def forward(r: int, start: float, cand: Candidate) -> tuple | None:

@@ -1,0 +1,62 @@
+"""A leaf's peak memory per pipeline rank, given the activations each rank holds in flight.
+
+Ranks that hold the same layers and ends differ only in what they hold in flight, so one rank per
+such group is priced. The same groups give each rank's held limit: the most activation sets it
+can hold and still fit, which stops a schedule simulation as soon as a plan cannot fit.
+"""
+
+from __future__ import annotations
+
+from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.memory import GIB, rank_memory, stage_params
+from meshplan.profiles.schema import ClusterProfile
+
+
+class Peaks:
+    def __init__(self, prof: ClusterProfile, usable_gib: float):
+        self.prof, self.usable = prof, usable_gib
+        self._rank_groups: dict = {}
+
+    def peak_memory_gib(self, lay: Layout, in_flight: tuple[float, ...]) -> float:
+        """The highest rank peak. Ranks holding the same layers and ends differ only in activations in
+        flight, and a rank's peak grows with those: one rank per such group is enough."""
+        heaviest = [max(ranks, key=lambda r: in_flight[r]) for ranks in self.rank_groups(lay)]
+        return max(rank_memory(lay, r, in_flight[r], self.prof.overheads).total for r in heaviest) / GIB
+
+    def rank_groups(self, lay: Layout) -> list[list[int]]:
+        """Pipeline ranks grouped by the layers and ends they hold (the same for every layout alike)."""
+        key = (lay.pp, lay.schedule, lay.stage_layers, lay.tp)
+        got = self._rank_groups.get(key)
+        if got is None:
+            groups: dict[tuple, list[int]] = {}
+            for r in range(lay.pp):
+                sp = stage_params(lay, r)
+                groups.setdefault((sp.layers, sp.embedding, sp.head), []).append(r)
+            got = self._rank_groups[key] = list(groups.values())
+        return got
+
+    def held_limits(self, lay: Layout) -> tuple[float, ...]:
+        """Per pipeline rank, the most activation sets it can hold and still fit (inf: any number). Memory
+        grows with what a rank holds, so a bisection over whole sets finds it; -1 if even none fits."""
+        limits = [0.0] * lay.pp
+        for ranks in self.rank_groups(lay):
+            limit = self._held_limit(lay, ranks[0])
+            for rank in ranks:
+                limits[rank] = limit
+        return tuple(limits)
+
+    def _held_limit(self, lay: Layout, r: int) -> float:
+        cap = lay.n_micro * lay.v  # no rank holds more than all its (stage, micro-batch) pairs
+
+        def fits(h: int) -> bool:
+            return rank_memory(lay, r, float(h), self.prof.overheads).total / GIB <= self.usable
+
+        if fits(cap):
+            return float("inf")
+        if not fits(0):
+            return -1.0
+        lo, hi = 0, cap  # fits(lo), not fits(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return float(lo)
