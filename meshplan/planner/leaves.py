@@ -78,7 +78,7 @@ class Leaves:
             for split in self.space.split_options(base.pp):
                 layers = self._split_layers(base.pp, scheds, v, split, (per_layer, emb, head), seen_splits)
                 if layers is not None:
-                    groups += self._split_groups(base, v, scheds, layers, x)
+                    groups += self._split_groups(base, m, v, scheds, layers, x)
         if not groups:
             return []
         groups.sort(key=lambda g: g[0])
@@ -98,10 +98,10 @@ class Leaves:
         seen.add(layers)
         return layers
 
-    def _split_groups(self, base: Layout, v: int, scheds: list[str], layers: tuple[int, ...],
+    def _split_groups(self, base: Layout, m: int, v: int, scheds: list[str], layers: tuple[int, ...],
                       x: np.ndarray) -> list[Group]:
         """One split's valid schedules, grouped by bound kind, each group with its bound (or bounded out)."""
-        valid_by_kind, rejected, rows = self.leaf_table(base.pp, v, scheds, layers, base.n_micro, base.ac)
+        valid_by_kind, rejected, rows = self.leaf_table(base.pp, v, scheds, layers, m, base.ac)
         for reason, n in rejected.items():
             self.pool.reject(reason, n)
         if not valid_by_kind:

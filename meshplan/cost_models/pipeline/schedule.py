@@ -9,6 +9,7 @@ simulation (simulation.py) times these actions, the bounds (bounds.py) bound the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES as SPLIT_BACKWARD
 
@@ -87,9 +88,9 @@ class RankActions:
     """What one pipeline rank runs: its stages, fixed forward / backward orders (None: greedy over
     its stages, each stage's micro-batches in order) and how many activation sets it may hold."""
 
-    stages: list[int]
-    forwards: list[Action] | None
-    backwards: list[Action] | None
+    stages: tuple[int, ...]
+    forwards: tuple[Action, ...] | None
+    backwards: tuple[Action, ...] | None
     limit: int
 
 
@@ -103,21 +104,27 @@ class Schedule:
     n_micro: int
     split_backward: bool  # B and W run as separate blocks
     forward_first: bool  # ready forwards always go before ready backwards
-    rank_of: list[int]  # rank of each stage
-    ranks: list[RankActions]
+    rank_of: tuple[int, ...]  # rank of each stage
+    ranks: tuple[RankActions, ...]
 
     @property
     def n_stages(self) -> int:
         return self.pp * self.v
 
 
+@lru_cache(maxsize=1024)
 def build_schedule(schedule: str, pp: int, v: int, n_micro: int) -> Schedule:
-    """The per-rank action lists of `schedule` with pp ranks, v stages per rank and n_micro micro-batches."""
+    """The per-rank action lists of `schedule` with pp ranks, v stages per rank and n_micro micro-batches
+    (immutable, so one is shared by every simulation of these numbers)."""
     n_stages = pp * v
-    rank_of = [stage_rank(s, pp, schedule) for s in range(n_stages)]
-    ranks = [RankActions(stages=[s for s in range(n_stages) if rank_of[s] == r],
-                         forwards=forward_order(schedule, pp, v, r, n_micro),
-                         backwards=backward_order(schedule, pp, v, r, n_micro),
-                         limit=in_flight_limit(schedule, pp, v, r, n_micro))
-             for r in range(pp)]
+    rank_of = tuple(stage_rank(s, pp, schedule) for s in range(n_stages))
+    ranks = tuple(RankActions(stages=tuple(s for s in range(n_stages) if rank_of[s] == r),
+                              forwards=_frozen(forward_order(schedule, pp, v, r, n_micro)),
+                              backwards=_frozen(backward_order(schedule, pp, v, r, n_micro)),
+                              limit=in_flight_limit(schedule, pp, v, r, n_micro))
+                  for r in range(pp))
     return Schedule(schedule, pp, v, n_micro, schedule in SPLIT_BACKWARD, schedule in FORWARD_FIRST, rank_of, ranks)
+
+
+def _frozen(order: list[Action] | None) -> tuple[Action, ...] | None:
+    return None if order is None else tuple(order)
