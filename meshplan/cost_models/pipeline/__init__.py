@@ -2,8 +2,9 @@
 
 schedule.py holds a schedule as data (stage placement, per-rank action orders, in-flight limits);
 simulation.py times it over per-stage durations (every block, makespan, bubble, activations in
-flight); bounds.py gives each rank's work and a makespan lower bound without simulating. The
-public names are re-exported here: `from meshplan.cost_models.pipeline import simulate`.
+flight), with state.py holding what each rank may run next and what a block does to it; bounds.py
+gives each rank's work and a makespan lower bound without simulating. The public names are
+re-exported here: `from meshplan.cost_models.pipeline import simulate`.
 """
 
 from meshplan.cost_models.pipeline.bounds import (Placement, bound_kind, linear_bound_rows, makespan_lower_bound,

@@ -1,0 +1,219 @@
+"""What each pipeline rank may run next, and what running a block does to it: the simulation's state.
+
+One `State` holds the inputs (per-stage durations, sends, limits) and everything done so far; the
+functions here build closures over it that simulation.py's event loop calls: when a forward or
+backward can start, each rank's ready candidates, the one it picks (steady 1F1B alternation,
+weight gradients filling idle time), and the bookkeeping of a forward, backward or weight block.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from meshplan.cost_models.pipeline.schedule import Schedule
+
+_FORWARD_FIRST_RANK = {"F": 0, "B": 1, "W": 2}  # preference among ready work (lower first)
+_BACKWARD_FIRST_RANK = {"B": 0, "F": 1, "W": 2}
+
+# The pieces below share one State and are closures over its lists, not methods: the event loop
+# is the planner's hot path, and a closure's variables are faster to reach than attributes.
+Candidate = tuple  # (ready time, priority, key, key, kind F | B | W)
+
+
+@dataclass
+class State:
+    """The simulation's inputs and what it has done so far, per rank and per (stage, micro-batch)."""
+
+    f: list[float]
+    b_eff: list[float]  # backward as run: input gradient, plus weight gradient unless split
+    w: list[float]
+    p2p_fwd: list[float]  # send time into stage s from s - 1; 0 on the same rank
+    p2p_bwd: list[float]  # send time into stage s from s + 1; 0 on the same rank
+    kept: list[float] | None
+    held_limit: list[float] | None
+    w_memory_share: float
+    f_done: list[float | None]  # when each (stage, micro-batch) finished its forward, at stage * n_micro + mb
+    b_done: list[float | None]  # ... and its backward
+    free: list[float]  # per rank: when it is free
+    last_kind: list[str]
+    held: list[float]  # activation units held
+    n_held: list[int]  # activation sets held, against the in-flight limit
+    kept_by: list[float]  # kept outputs so far
+    next_f: list[int]  # position in a fixed forward order
+    next_b: list[int]
+    pending_f: list[int]  # forwards left
+    pending_w: list[deque[tuple[int, int]]]  # weight gradients waiting, oldest first
+    next_f_mb: list[int]  # per stage: greedy (V-shaped) schedules run each stage's micro-batches in order
+    next_b_mb: list[int]
+
+    @staticmethod
+    def start(sched: Schedule, f: list[float], b: list[float], w: list[float] | None, p2p: float,
+              kept: list[float] | None, held_limit: list[float] | None, w_memory_share: float) -> State:
+        pp, n, rank_of = sched.pp, sched.n_stages, sched.rank_of
+        w = list(w) if w is not None else [0.0] * n
+        b_eff = list(b) if sched.split_backward else [bi + wi for bi, wi in zip(b, w)]
+        p2p_fwd = [0.0] + [p2p if rank_of[s - 1] != rank_of[s] else 0.0 for s in range(1, n)]
+        p2p_bwd = [p2p if rank_of[s + 1] != rank_of[s] else 0.0 for s in range(n - 1)] + [0.0]
+        pairs = n * sched.n_micro
+        return State(f, b_eff, w, p2p_fwd, p2p_bwd, kept, held_limit, w_memory_share, [None] * pairs,
+                      [None] * pairs, [0.0] * pp, ["B"] * pp, [0.0] * pp, [0] * pp, [0.0] * pp, [0] * pp, [0] * pp,
+                      [sched.n_micro * len(ra.stages) for ra in sched.ranks], [deque() for _ in range(pp)],
+                      [0] * n, [0] * n)
+
+
+def ready_times(sched: Schedule, st: State) -> tuple[Callable, Callable]:
+    """f_ready(s, mb), b_ready(s, mb): when that forward / backward can start, None if not yet known."""
+    n_micro, last_stage = sched.n_micro, sched.n_stages - 1
+    f_done, b_done, p2p_fwd, p2p_bwd = st.f_done, st.b_done, st.p2p_fwd, st.p2p_bwd
+
+    def f_ready(s: int, mb: int) -> float | None:
+        if s == 0:
+            return 0.0
+        t = f_done[(s - 1) * n_micro + mb]
+        return None if t is None else t + p2p_fwd[s]
+
+    def b_ready(s: int, mb: int) -> float | None:
+        t_f = f_done[s * n_micro + mb]
+        if t_f is None or s == last_stage:
+            return t_f
+        t = b_done[(s + 1) * n_micro + mb]
+        if t is None:
+            return None
+        t += p2p_bwd[s]
+        return t if t > t_f else t_f
+
+    return f_ready, b_ready
+
+
+def candidates_of(sched: Schedule, st: State, f_ready: Callable, b_ready: Callable) -> Callable:
+    """candidates(r): rank r's next forward(s), backward(s) and oldest weight gradient, with ready times."""
+    pp, n_micro = sched.pp, sched.n_micro
+    orders, b_orders = [ra.forwards for ra in sched.ranks], [ra.backwards for ra in sched.ranks]
+    local_stages, limits = [ra.stages for ra in sched.ranks], [ra.limit for ra in sched.ranks]
+    n_held, pending_f, pending_w, b_done = st.n_held, st.pending_f, st.pending_w, st.b_done
+    next_f, next_b, next_f_mb, next_b_mb = st.next_f, st.next_b, st.next_f_mb, st.next_b_mb
+
+    def v_window_ok(r: int, s: int) -> bool:
+        """ZB-V warm-up: a rank's first chunk runs at most 2(pp - r) - 1 micro-batches ahead of its second."""
+        first, second = local_stages[r]
+        return s != first or next_f_mb[first] < next_f_mb[second] + 2 * (pp - r) - 1
+
+    def candidates(r: int) -> list[Candidate]:
+        out = []
+        if n_held[r] < limits[r] and pending_f[r]:
+            order = orders[r]
+            if order is not None:
+                s, mb = order[next_f[r]]
+                t = f_ready(s, mb)
+                if t is not None:
+                    out.append((t, 1, -s, mb, "F"))
+            else:
+                for s in local_stages[r]:
+                    mb = next_f_mb[s]
+                    if mb < n_micro and v_window_ok(r, s):
+                        t = f_ready(s, mb)
+                        if t is not None:
+                            out.append((t, 1, -s, mb, "F"))
+        b_order = b_orders[r]
+        if b_order is not None:
+            if next_b[r] < len(b_order):
+                s, mb = b_order[next_b[r]]
+                t = b_ready(s, mb)
+                if t is not None:
+                    out.append((t, 0, mb, -s, "B"))
+        else:
+            for s in local_stages[r]:
+                mb = next_b_mb[s]
+                if mb < n_micro:
+                    t = b_ready(s, mb)
+                    if t is not None:
+                        out.append((t, 0, mb, -s, "B"))
+        if pending_w[r]:
+            # Weight gradients run oldest first; past `pp` waiting they outrank forwards, which
+            # bounds the activations they pin.
+            s, mb = pending_w[r][0]
+            out.append((b_done[s * n_micro + mb], 2 if len(pending_w[r]) <= pp else -1, mb, s, "W"))
+        return out
+
+    return candidates
+
+
+def picker(sched: Schedule, st: State, candidates: Callable) -> Callable:
+    """pick(r): (start, candidate) of rank r's next block, or None if it has nothing it can run yet."""
+    forward_first, free, last_kind = sched.forward_first, st.free, st.last_kind
+
+    def pick(r: int) -> tuple[float, Candidate] | None:
+        cands = candidates(r)
+        if not cands:
+            return None
+        if len(cands) == 1:
+            c = cands[0]
+            return (free[r], c) if c[0] <= free[r] + 1e-12 else (c[0], c)
+        now = free[r] + 1e-12
+        # Steady 1F1B: when a forward and a backward are both ready, take the other kind than last
+        # time; weight-gradient work only fills what would otherwise be idle.
+        rank_kind = _FORWARD_FIRST_RANK if forward_first or last_kind[r] == "B" else _BACKWARD_FIRST_RANK
+        best, best_key = None, None
+        for c in cands:
+            if c[0] <= now:
+                key = (-1 if c[1] < 0 else rank_kind[c[4]], c[2], c[3])
+                if best_key is None or key < best_key:
+                    best, best_key = c, key
+        if best is not None:
+            return free[r], best
+        best = min(cands)  # earliest ready; candidates never tie on (time, priority, mb, stage)
+        return best[0], best
+
+    return pick
+
+
+def actions(sched: Schedule, st: State) -> dict[str, Callable]:
+    """Per kind, run(r, start, candidate) -> (stage, micro-batch, end, the other rank it readies or -1),
+    or None when a forward leaves rank r holding more than held_limit allows."""
+    n_micro, last_stage, split, rank_of = sched.n_micro, sched.n_stages - 1, sched.split_backward, sched.rank_of
+    fixed_f, fixed_b = [ra.forwards is not None for ra in sched.ranks], [ra.backwards is not None for ra in sched.ranks]
+    f, b_eff, w, kept, held_limit, share = st.f, st.b_eff, st.w, st.kept, st.held_limit, st.w_memory_share
+    f_done, b_done, held, n_held, kept_by = st.f_done, st.b_done, st.held, st.n_held, st.kept_by
+    pending_w = st.pending_w
+    next_f, next_b, pending_f, next_f_mb, next_b_mb = st.next_f, st.next_b, st.pending_f, st.next_f_mb, st.next_b_mb
+
+    def forward(r: int, start: float, cand: Candidate) -> tuple | None:
+        s, mb = -cand[2], cand[3]
+        if fixed_f[r]:
+            next_f[r] += 1
+        pending_f[r] -= 1
+        next_f_mb[s] += 1
+        end = start + f[s]
+        f_done[s * n_micro + mb] = end
+        held[r] += 1.0
+        n_held[r] += 1
+        if kept is not None:
+            kept_by[r] += kept[s]
+        if held_limit is not None and held[r] + kept_by[r] > held_limit[r]:
+            return None
+        return s, mb, end, rank_of[s + 1] if s < last_stage else -1  # readies the next stage's forward
+
+    def backward(r: int, start: float, cand: Candidate) -> tuple:
+        s, mb = -cand[3], cand[2]
+        if fixed_b[r]:
+            next_b[r] += 1
+        next_b_mb[s] += 1
+        end = start + b_eff[s]
+        b_done[s * n_micro + mb] = end
+        n_held[r] -= 1
+        if split:
+            held[r] -= 1.0 - share
+            pending_w[r].append((s, mb))
+        else:
+            held[r] -= 1.0
+        return s, mb, end, rank_of[s - 1] if s > 0 else -1  # readies the previous stage's backward
+
+    def weight(r: int, start: float, cand: Candidate) -> tuple:
+        s, mb = cand[3], cand[2]
+        pending_w[r].popleft()
+        held[r] -= share
+        return s, mb, start + w[s], -1
+
+    return {"F": forward, "B": backward, "W": weight}
