@@ -85,8 +85,8 @@ def backward_order(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> l
 
 @dataclass(frozen=True)
 class RankActions:
-    """What one pipeline rank runs: its stages, fixed forward / backward orders (None: greedy over
-    its stages, each stage's micro-batches in order) and how many activation sets it may hold."""
+    """What one pipeline rank runs: its stages, fixed forward / backward orders (both None: greedy
+    over its stages, each stage's micro-batches in order) and how many activation sets it may hold."""
 
     stages: tuple[int, ...]
     forwards: tuple[Action, ...] | None
@@ -123,6 +123,8 @@ def build_schedule(schedule: str, pp: int, v: int, n_micro: int) -> Schedule:
                               backwards=_frozen(backward_order(schedule, pp, v, r, n_micro)),
                               limit=in_flight_limit(schedule, pp, v, r, n_micro))
                   for r in range(pp))
+    if any((ra.forwards is None) != (ra.backwards is None) for ra in ranks):
+        raise ValueError(f"{schedule}: a rank's forward and backward orders must both be fixed or both greedy")
     return Schedule(schedule, pp, v, n_micro, schedule in SPLIT_BACKWARD, schedule in FORWARD_FIRST, rank_of, ranks)
 
 

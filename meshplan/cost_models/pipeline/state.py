@@ -87,49 +87,34 @@ def ready_times(sched: Schedule, st: State) -> tuple[Callable, Callable]:
     return f_ready, b_ready
 
 
-def candidates_of(sched: Schedule, st: State, f_ready: Callable, b_ready: Callable) -> Callable:
-    """candidates(r): rank r's next forward(s), backward(s) and oldest weight gradient, with ready times."""
-    pp, n_micro = sched.pp, sched.n_micro
-    orders, b_orders = [ra.forwards for ra in sched.ranks], [ra.backwards for ra in sched.ranks]
-    local_stages, limits = [ra.stages for ra in sched.ranks], [ra.limit for ra in sched.ranks]
-    n_held, pending_f, pending_w, b_done = st.n_held, st.pending_f, st.pending_w, st.b_done
-    next_f, next_b, next_f_mb, next_b_mb = st.next_f, st.next_b, st.next_f_mb, st.next_b_mb
+def candidates_of(sched: Schedule, st: State, f_ready: Callable, b_ready: Callable) -> list[Callable]:
+    """Per rank, candidates(r): rank r's next forward(s), backward(s) and oldest weight gradient, with
+    their ready times; ranks with fixed orders and greedy (V-shaped) ranks each get their own."""
+    fixed = _fixed_order_candidates(sched, st, f_ready, b_ready)
+    greedy = _greedy_candidates(sched, st, f_ready, b_ready)
+    return [fixed if ra.forwards is not None else greedy for ra in sched.ranks]
 
-    def v_window_ok(r: int, s: int) -> bool:
-        """ZB-V warm-up: a rank's first chunk runs at most 2(pp - r) - 1 micro-batches ahead of its second."""
-        first, second = local_stages[r]
-        return s != first or next_f_mb[first] < next_f_mb[second] + 2 * (pp - r) - 1
+
+def _fixed_order_candidates(sched: Schedule, st: State, f_ready: Callable, b_ready: Callable) -> Callable:
+    """The next forward and backward in the rank's fixed orders."""
+    pp, n_micro = sched.pp, sched.n_micro
+    orders, b_orders, limits = ([getattr(ra, k) for ra in sched.ranks] for k in ("forwards", "backwards", "limit"))
+    n_held, pending_f, pending_w, b_done = st.n_held, st.pending_f, st.pending_w, st.b_done
+    next_f, next_b = st.next_f, st.next_b
 
     def candidates(r: int) -> list[Candidate]:
         out = []
         if n_held[r] < limits[r] and pending_f[r]:
-            order = orders[r]
-            if order is not None:
-                s, mb = order[next_f[r]]
-                t = f_ready(s, mb)
-                if t is not None:
-                    out.append((t, 1, -s, mb, "F"))
-            else:
-                for s in local_stages[r]:
-                    mb = next_f_mb[s]
-                    if mb < n_micro and v_window_ok(r, s):
-                        t = f_ready(s, mb)
-                        if t is not None:
-                            out.append((t, 1, -s, mb, "F"))
+            s, mb = orders[r][next_f[r]]
+            t = f_ready(s, mb)
+            if t is not None:
+                out.append((t, 1, -s, mb, "F"))
         b_order = b_orders[r]
-        if b_order is not None:
-            if next_b[r] < len(b_order):
-                s, mb = b_order[next_b[r]]
-                t = b_ready(s, mb)
-                if t is not None:
-                    out.append((t, 0, mb, -s, "B"))
-        else:
-            for s in local_stages[r]:
-                mb = next_b_mb[s]
-                if mb < n_micro:
-                    t = b_ready(s, mb)
-                    if t is not None:
-                        out.append((t, 0, mb, -s, "B"))
+        if next_b[r] < len(b_order):
+            s, mb = b_order[next_b[r]]
+            t = b_ready(s, mb)
+            if t is not None:
+                out.append((t, 0, mb, -s, "B"))
         if pending_w[r]:
             # Weight gradients run oldest first; past `pp` waiting they outrank forwards, which
             # bounds the activations they pin.
@@ -140,12 +125,47 @@ def candidates_of(sched: Schedule, st: State, f_ready: Callable, b_ready: Callab
     return candidates
 
 
-def picker(sched: Schedule, st: State, candidates: Callable) -> Callable:
+def _greedy_candidates(sched: Schedule, st: State, f_ready: Callable, b_ready: Callable) -> Callable:
+    """Each of the rank's stages offers its next micro-batch, forwards within the ZB-V warm-up window."""
+    pp, n_micro = sched.pp, sched.n_micro
+    local_stages, limits = [ra.stages for ra in sched.ranks], [ra.limit for ra in sched.ranks]
+    n_held, pending_f, pending_w, b_done, next_f_mb, next_b_mb = (st.n_held, st.pending_f, st.pending_w, st.b_done,
+                                                                  st.next_f_mb, st.next_b_mb)
+
+    def v_window_ok(r: int, s: int) -> bool:
+        """ZB-V warm-up: a rank's first chunk runs at most 2(pp - r) - 1 micro-batches ahead of its second."""
+        first, second = local_stages[r]
+        return s != first or next_f_mb[first] < next_f_mb[second] + 2 * (pp - r) - 1
+
+    def candidates(r: int) -> list[Candidate]:
+        out = []
+        if n_held[r] < limits[r] and pending_f[r]:
+            for s in local_stages[r]:
+                mb = next_f_mb[s]
+                if mb < n_micro and v_window_ok(r, s):
+                    t = f_ready(s, mb)
+                    if t is not None:
+                        out.append((t, 1, -s, mb, "F"))
+        for s in local_stages[r]:
+            mb = next_b_mb[s]
+            if mb < n_micro:
+                t = b_ready(s, mb)
+                if t is not None:
+                    out.append((t, 0, mb, -s, "B"))
+        if pending_w[r]:  # as in _fixed_order_candidates
+            s, mb = pending_w[r][0]
+            out.append((b_done[s * n_micro + mb], 2 if len(pending_w[r]) <= pp else -1, mb, s, "W"))
+        return out
+
+    return candidates
+
+
+def picker(sched: Schedule, st: State, candidates: list[Callable]) -> Callable:
     """pick(r): (start, candidate) of rank r's next block, or None if it has nothing it can run yet."""
     forward_first, free, last_kind = sched.forward_first, st.free, st.last_kind
 
     def pick(r: int) -> tuple[float, Candidate] | None:
-        cands = candidates(r)
+        cands = candidates[r](r)
         if not cands:
             return None
         if len(cands) == 1:
