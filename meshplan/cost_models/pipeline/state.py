@@ -192,16 +192,19 @@ def picker(sched: Schedule, st: State, candidates: list[Callable]) -> Callable:
 def actions(sched: Schedule, st: State) -> dict[str, Callable]:
     """Per kind, run(r, start, candidate) -> (stage, micro-batch, end, the other rank it readies or -1),
     or None when a forward leaves rank r holding more than held_limit allows."""
-    n_micro, last_stage, split, rank_of = sched.n_micro, sched.n_stages - 1, sched.split_backward, sched.rank_of
-    fixed_f, fixed_b = [ra.forwards is not None for ra in sched.ranks], [ra.backwards is not None for ra in sched.ranks]
-    f, b_eff, w, kept, held_limit, share = st.f, st.b_eff, st.w, st.kept, st.held_limit, st.w_memory_share
-    f_done, b_done, held, n_held, kept_by = st.f_done, st.b_done, st.held, st.n_held, st.kept_by
-    pending_w = st.pending_w
-    next_f, next_b, pending_f, next_f_mb, next_b_mb = st.next_f, st.next_b, st.pending_f, st.next_f_mb, st.next_b_mb
+    return {"F": _forward_action(sched, st), "B": _backward_action(sched, st), "W": _weight_action(st)}
+
+
+def _forward_action(sched: Schedule, st: State) -> Callable:
+    n_micro, last_stage, rank_of = sched.n_micro, sched.n_stages - 1, sched.rank_of
+    fixed = [ra.forwards is not None for ra in sched.ranks]
+    f, kept, held_limit, f_done = st.f, st.kept, st.held_limit, st.f_done
+    held, n_held, kept_by = st.held, st.n_held, st.kept_by
+    next_f, pending_f, next_f_mb = st.next_f, st.pending_f, st.next_f_mb
 
     def forward(r: int, start: float, cand: Candidate) -> tuple | None:
         s, mb = -cand[2], cand[3]
-        if fixed_f[r]:
+        if fixed[r]:
             next_f[r] += 1
         pending_f[r] -= 1
         next_f_mb[s] += 1
@@ -215,20 +218,36 @@ def actions(sched: Schedule, st: State) -> dict[str, Callable]:
             return None
         return s, mb, end, rank_of[s + 1] if s < last_stage else -1  # readies the next stage's forward
 
+    return forward
+
+
+def _backward_action(sched: Schedule, st: State) -> Callable:
+    n_micro, split, rank_of = sched.n_micro, sched.split_backward, sched.rank_of
+    fixed = [ra.backwards is not None for ra in sched.ranks]
+    b_eff, share, b_done = st.b_eff, st.w_memory_share, st.b_done
+    held, n_held, pending_w = st.held, st.n_held, st.pending_w
+    next_b, next_b_mb = st.next_b, st.next_b_mb
+
     def backward(r: int, start: float, cand: Candidate) -> tuple:
         s, mb = -cand[3], cand[2]
-        if fixed_b[r]:
+        if fixed[r]:
             next_b[r] += 1
         next_b_mb[s] += 1
         end = start + b_eff[s]
         b_done[s * n_micro + mb] = end
         n_held[r] -= 1
         if split:
-            held[r] -= 1.0 - share
+            held[r] -= 1.0 - share  # the rest stays until the weight gradient
             pending_w[r].append((s, mb))
         else:
             held[r] -= 1.0
         return s, mb, end, rank_of[s - 1] if s > 0 else -1  # readies the previous stage's backward
+
+    return backward
+
+
+def _weight_action(st: State) -> Callable:
+    w, share, held, pending_w = st.w, st.w_memory_share, st.held, st.pending_w
 
     def weight(r: int, start: float, cand: Candidate) -> tuple:
         s, mb = cand[3], cand[2]
@@ -236,4 +255,4 @@ def actions(sched: Schedule, st: State) -> dict[str, Callable]:
         held[r] -= share
         return s, mb, start + w[s], -1
 
-    return {"F": forward, "B": backward, "W": weight}
+    return weight
