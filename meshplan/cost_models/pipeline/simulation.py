@@ -73,7 +73,7 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     no step time).
     """
     sched = build_schedule(schedule, pp, v, n_micro)
-    st = State.start(sched, f, b, w, p2p, kept, held_limit, w_memory_share)
+    st = State(sched, f, b, w, p2p, kept, held_limit, w_memory_share)
     result = ScheduleResult(schedule, pp, v, n_micro, busy=[0.0] * pp, peak_in_flight=[0.0] * pp,
                             peak_kept=[0.0] * pp)
     pick = picker(sched, st, candidates_of(sched, st, *ready_times(sched, st)))

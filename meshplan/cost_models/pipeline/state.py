@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from meshplan.cost_models.pipeline.schedule import Schedule
 
@@ -22,45 +21,33 @@ _BACKWARD_FIRST_RANK = {"B": 0, "F": 1, "W": 2}
 Candidate = tuple  # (ready time, priority, key, key, kind F | B | W)
 
 
-@dataclass
 class State:
-    """The simulation's inputs and what it has done so far, per rank and per (stage, micro-batch)."""
+    """The simulation's inputs and what it has done so far, per rank and per (stage, micro-batch).
+    (A plain class: a 21-field dataclass costs milliseconds at every `meshplan` start.)"""
 
-    f: list[float]
-    b_eff: list[float]  # backward as run: input gradient, plus weight gradient unless split
-    w: list[float]
-    p2p_fwd: list[float]  # send time into stage s from s - 1; 0 on the same rank
-    p2p_bwd: list[float]  # send time into stage s from s + 1; 0 on the same rank
-    kept: list[float] | None
-    held_limit: list[float] | None
-    w_memory_share: float
-    f_done: list[float | None]  # when each (stage, micro-batch) finished its forward, at stage * n_micro + mb
-    b_done: list[float | None]  # ... and its backward
-    free: list[float]  # per rank: when it is free
-    last_kind: list[str]
-    held: list[float]  # activation units held
-    n_held: list[int]  # activation sets held, against the in-flight limit
-    kept_by: list[float]  # kept outputs so far
-    next_f: list[int]  # position in a fixed forward order
-    next_b: list[int]
-    pending_f: list[int]  # forwards left
-    pending_w: list[deque[tuple[int, int]]]  # weight gradients waiting, oldest first
-    next_f_mb: list[int]  # per stage: greedy (V-shaped) schedules run each stage's micro-batches in order
-    next_b_mb: list[int]
-
-    @staticmethod
-    def start(sched: Schedule, f: list[float], b: list[float], w: list[float] | None, p2p: float,
-              kept: list[float] | None, held_limit: list[float] | None, w_memory_share: float) -> State:
+    def __init__(self, sched: Schedule, f: list[float], b: list[float], w: list[float] | None, p2p: float,
+                 kept: list[float] | None, held_limit: list[float] | None, w_memory_share: float):
         pp, n, rank_of = sched.pp, sched.n_stages, sched.rank_of
-        w = list(w) if w is not None else [0.0] * n
-        b_eff = list(b) if sched.split_backward else [bi + wi for bi, wi in zip(b, w)]
-        p2p_fwd = [0.0] + [p2p if rank_of[s - 1] != rank_of[s] else 0.0 for s in range(1, n)]
-        p2p_bwd = [p2p if rank_of[s + 1] != rank_of[s] else 0.0 for s in range(n - 1)] + [0.0]
-        pairs = n * sched.n_micro
-        return State(f, b_eff, w, p2p_fwd, p2p_bwd, kept, held_limit, w_memory_share, [None] * pairs,
-                      [None] * pairs, [0.0] * pp, ["B"] * pp, [0.0] * pp, [0] * pp, [0.0] * pp, [0] * pp, [0] * pp,
-                      [sched.n_micro * len(ra.stages) for ra in sched.ranks], [deque() for _ in range(pp)],
-                      [0] * n, [0] * n)
+        self.f = f
+        self.w = list(w) if w is not None else [0.0] * n
+        # Backward as run: input gradient, plus weight gradient unless split.
+        self.b_eff = list(b) if sched.split_backward else [bi + wi for bi, wi in zip(b, self.w)]
+        # Send time into stage s from s - 1 (forward) and from s + 1 (backward): p2p only across ranks.
+        self.p2p_fwd = [0.0] + [p2p if rank_of[s - 1] != rank_of[s] else 0.0 for s in range(1, n)]
+        self.p2p_bwd = [p2p if rank_of[s + 1] != rank_of[s] else 0.0 for s in range(n - 1)] + [0.0]
+        self.kept, self.held_limit, self.w_memory_share = kept, held_limit, w_memory_share
+        # When each (stage, micro-batch) finished its forward / backward, at index stage * n_micro + mb.
+        self.f_done: list[float | None] = [None] * (n * sched.n_micro)
+        self.b_done: list[float | None] = [None] * (n * sched.n_micro)
+        # Per rank: when it is free, its last kind, activation units held, activation sets held (against
+        # the in-flight limit), kept outputs so far, positions in fixed orders, forwards left, weight
+        # gradients waiting (oldest first).
+        self.free, self.last_kind, self.held, self.n_held = [0.0] * pp, ["B"] * pp, [0.0] * pp, [0] * pp
+        self.kept_by, self.next_f, self.next_b = [0.0] * pp, [0] * pp, [0] * pp
+        self.pending_f = [sched.n_micro * len(ra.stages) for ra in sched.ranks]
+        self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(pp)]
+        # Per stage: greedy (V-shaped) schedules run each stage's micro-batches in order.
+        self.next_f_mb, self.next_b_mb = [0] * n, [0] * n
 
 
 def ready_times(sched: Schedule, st: State) -> tuple[Callable, Callable]:
