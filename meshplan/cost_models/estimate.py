@@ -291,30 +291,73 @@ def _time_breakdown(lay: Layout, bt, head, emb, crit: int, busy: float, makespan
     return out
 
 
-def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int, busy: float, bt):
-    """Exposed FSDP all-gather / reduce-scatter and replica all-reduce: what compute cannot hide."""
+@dataclass
+class DataParallelComm:
+    """The step's FSDP and replica collectives on the critical rank, seconds: issued, hidden and exposed."""
+
+    all_gather: float = 0.0  # FSDP parameter gathers, every unit, every time they are gathered
+    reduce_scatter: float = 0.0  # FSDP gradient reductions
+    all_reduce: float = 0.0  # gradient all-reduce across replicas (HSDP / DDP)
+    tail_all_gather: float = 0.0  # the first block's gather, before any compute to hide under
+    tail_reduce_scatter: float = 0.0  # the last block's reduction, after the compute
+    tail_all_reduce: float = 0.0
+    hideable: float = 0.0  # fsdp_overlap x the critical rank's work: how much compute can hide
+
+    @property
+    def fsdp(self) -> float:
+        return self.all_gather + self.reduce_scatter
+
+    @property
+    def total(self) -> float:
+        """The collectives compute can hide under (the tails apart)."""
+        return self.fsdp + self.all_reduce
+
+    @property
+    def tail(self) -> float:
+        return 0.0 + self.tail_all_gather + self.tail_reduce_scatter + self.tail_all_reduce
+
+    @property
+    def hidden(self) -> float:
+        return min(self.total, self.hideable)
+
+    @property
+    def exposed(self) -> float:
+        return max(0.0, self.total - self.hideable) + self.tail if self.total else 0.0
+
+    @property
+    def fsdp_share(self) -> float:
+        """FSDP's share of the exposed time (the split reported as fsdp_comm / dp_comm)."""
+        return self.fsdp / self.total if self.total else 0.0
+
+
+def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int,
+                       busy: float) -> DataParallelComm:
+    """FSDP all-gather / reduce-scatter and replica all-reduce of the critical rank, and what compute hides."""
     sp = stage_params(lay, crit)
     params = sp.total
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
-    fsdp = dp = 0.0
-    tail = 0.0
+    c = DataParallelComm(hideable=prof.overheads.fsdp_overlap * busy)
     units = sp.layers + 1  # FSDP groups one collective per block, plus the root (embedding, norm, head)
     if lay.fsdp_shard > 1:
         span = _fsdp_span(spans)
         held = lay.pp > 1 or not lay.reshard_after_forward
         gathers = 1 if held else 2 * lay.n_micro
-        fsdp = gathers * collective_time(prof, "all_gather", params * gather_bytes, span, calls=units)
-        fsdp += lay.grad_reductions * collective_time(prof, "reduce_scatter", params * 4.0, span, calls=units)
-        tail += collective_time(prof, "all_gather", sp.block * gather_bytes, span)
-        tail += collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
+        c.all_gather = gathers * collective_time(prof, "all_gather", params * gather_bytes, span, calls=units)
+        c.reduce_scatter = lay.grad_reductions * collective_time(prof, "reduce_scatter", params * 4.0, span, calls=units)
+        c.tail_all_gather = collective_time(prof, "all_gather", sp.block * gather_bytes, span)
+        c.tail_reduce_scatter = collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
-        dp = lay.grad_reductions * collective_time(prof, "all_reduce", params * 4.0 / lay.fsdp_shard, span, calls=units)
-        tail += collective_time(prof, "all_reduce", sp.block * 4.0 / lay.fsdp_shard, span)
-    hidden = prof.overheads.fsdp_overlap * busy
-    total = fsdp + dp
-    exposed = max(0.0, total - hidden) + tail if total else 0.0
-    share = fsdp / total if total else 0.0
+        c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", params * 4.0 / lay.fsdp_shard, span,
+                                                             calls=units)
+        c.tail_all_reduce = collective_time(prof, "all_reduce", sp.block * 4.0 / lay.fsdp_shard, span)
+    return c
+
+
+def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int, busy: float, bt):
+    """Exposed FSDP all-gather / reduce-scatter and replica all-reduce: what compute cannot hide."""
+    c = data_parallel_comm(lay, prof, spans, crit, busy)
+    exposed, share = c.exposed, c.fsdp_share
     return exposed, {"fsdp_comm": exposed * share, "dp_comm": exposed * (1 - share)}
 
 

@@ -27,6 +27,9 @@ class BlockTime:
     tp_comm: float = 0.0  # exposed
     cp_comm: float = 0.0  # exposed
     forward_passes: int = 1  # forward passes whose TP/CP comm is paid: 2 under full AC (recompute)
+    tp_comm_issued: float = 0.0  # before async TP hides its share
+    cp_comm_issued: float = 0.0  # before the attention hides its share
+    kinds: BlockCompute | None = None  # the compute above by kind of work (block_compute)
 
     @property
     def total(self) -> float:
@@ -47,7 +50,44 @@ class BlockTime:
         return self.backward_input + self.recompute + self.forward_passes * self.comm_per_pass
 
 
+@dataclass
+class BlockCompute:
+    """One micro-batch through one block on one rank, seconds by kind of work (host time apart)."""
+
+    matmul_by_kind: dict[str, float]  # forward; the backward runs each again for inputs and for weights
+    attention_forward: float  # ring attention's merging included
+    attention_backward: float
+    elementwise_forward: float  # memory-bound kernels
+    elementwise_backward: float
+    float8_cast: float  # over the forward and both backward passes
+
+    @property
+    def matmul_forward(self) -> float:
+        return sum(self.matmul_by_kind.values())
+
+
 def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> BlockTime:
+    c = block_compute(lay, prof)
+    mm_fwd = c.matmul_forward
+    bt = BlockTime(kinds=c)
+    bt.forward = mm_fwd + c.attention_forward + c.elementwise_forward + c.float8_cast / 3
+    bt.backward_input = mm_fwd + c.attention_backward + c.elementwise_backward + c.float8_cast / 3
+    bt.backward_weight = mm_fwd + c.float8_cast / 3
+    bt.recompute = _recompute_time(lay, c.matmul_by_kind, c.attention_forward, c.elementwise_forward)
+    tp_fwd = _tp_comm_forward(lay, prof, spans)
+    bt.forward_passes = 2 if lay.ac == "full" else 1
+    tp_total = bt.tp_comm_issued = tp_fwd * (bt.forward_passes + 1)
+    bt.tp_comm = tp_total * (1 - prof.overheads.tp_async_overlap) if lay.async_tp else tp_total
+    # Backward moves K/V twice over: ring attention rotates K/V again and their gradients back;
+    # the gather path re-gathers K/V (saved local only) and reduce-scatters their gradients.
+    cp_total = bt.cp_comm_issued = _cp_comm(lay, prof, spans) * (bt.forward_passes + CP_BACKWARD_GATHERS)
+    bt.cp_comm = cp_total * (1 - prof.overheads.cp_overlap)
+    _add_host(bt, lay, prof)
+    return bt
+
+
+def block_compute(lay: Layout, prof: ClusterProfile) -> BlockCompute:
+    """Matmuls, attention, memory-bound kernels and float8 casts of one block for one micro-batch."""
     dev, K = prof.device, constants.MODEL
     spec = lay.spec
     T = lay.tokens_per_micro
@@ -57,7 +97,6 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
     for mm in layer_matmuls(spec, lay.tp):
         t = matmul_time(dev, T, mm.n, mm.k, mm_dtype) / eff
         fwd_by_kind[mm.kind] = fwd_by_kind.get(mm.kind, 0.0) + t
-    mm_fwd = sum(fwd_by_kind.values())
     if lay.attention_kernel == "eager":
         att_fwd, att_bwd = _eager_attention(lay, prof)
     else:
@@ -73,21 +112,7 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
         cast = memory_bound_time(dev, cast_elems * K.float8_cast_passes)
         if lay.compile:
             cast /= prof.overheads.compile_speedup
-    bt = BlockTime()
-    bt.forward = mm_fwd + att_fwd + elem_fwd + cast / 3
-    bt.backward_input = mm_fwd + att_bwd + elem_bwd + cast / 3
-    bt.backward_weight = mm_fwd + cast / 3
-    bt.recompute = _recompute_time(lay, fwd_by_kind, att_fwd, elem_fwd)
-    tp_fwd = _tp_comm_forward(lay, prof, spans)
-    bt.forward_passes = 2 if lay.ac == "full" else 1
-    tp_total = tp_fwd * (bt.forward_passes + 1)
-    bt.tp_comm = tp_total * (1 - prof.overheads.tp_async_overlap) if lay.async_tp else tp_total
-    # Backward moves K/V twice over: ring attention rotates K/V again and their gradients back;
-    # the gather path re-gathers K/V (saved local only) and reduce-scatters their gradients.
-    cp_total = _cp_comm(lay, prof, spans) * (bt.forward_passes + CP_BACKWARD_GATHERS)
-    bt.cp_comm = cp_total * (1 - prof.overheads.cp_overlap)
-    _add_host(bt, lay, prof)
-    return bt
+    return BlockCompute(fwd_by_kind, att_fwd, att_bwd, elem_fwd, elem_bwd, cast)
 
 
 def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile) -> None:
