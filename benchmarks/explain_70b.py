@@ -539,8 +539,8 @@ def _constant_names(result: dict[str, Any]) -> list[str]:
 
 
 def print_all(result: dict[str, Any]) -> None:
-    print(textwrap.fill("The 70B@256 pick explained: the planner's pick for `meshplan plan --model llama70b --gpus 256` "
-                        "against TorchTitan's Table 4 layout (FSDP 32 x TP 8, compile + float8, full AC), estimated "
+    print(textwrap.fill("The 70B@256 pick explained: the planner's pick for `meshplan plan --model llama70b "
+                        "--gpus 256` against TorchTitan's Table 4 layout (FSDP 32 x TP 8, compile + float8, full AC), estimated "
                         "term by term on both H100 profiles.", WIDTH))
     print("status: " + ", ".join(f"{k} {w}" for k, w in STATUS_WORDS.items()) + f"; trusted: {' '.join(TRUSTED)}\n")
     for p in result["profiles"]:

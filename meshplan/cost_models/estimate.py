@@ -343,7 +343,8 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
         held = lay.pp > 1 or not lay.reshard_after_forward
         gathers = 1 if held else 2 * lay.n_micro
         c.all_gather = gathers * collective_time(prof, "all_gather", params * gather_bytes, span, calls=units)
-        c.reduce_scatter = lay.grad_reductions * collective_time(prof, "reduce_scatter", params * 4.0, span, calls=units)
+        c.reduce_scatter = lay.grad_reductions * collective_time(prof, "reduce_scatter", params * 4.0, span,
+                                                                 calls=units)
         c.tail_all_gather = collective_time(prof, "all_gather", sp.block * gather_bytes, span)
         c.tail_reduce_scatter = collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
     if lay.dp_replicate > 1:
