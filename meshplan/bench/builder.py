@@ -113,9 +113,9 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
         "overheads.context_gib": raw.memory.source.split(";")[-1].strip(),
         "overheads.host": "measured (bench/host.py): op_dispatch_s = host time per aten op of a chain of tiny "
                           "multiplies, forward and backward; python_dispatch_s = the extra per op of the same chain "
-                          "on replicated DTensors; medians over ranks; 0 on a GPU, where the host runs ahead of the kernels; "
-                          "collective_sync_s not measured (0)",
+                          "on replicated DTensors; medians over ranks; 0 on a GPU, where the host runs ahead of the kernels",
     }
+    prov["overheads.in_step"] = _in_step_source(raw)
     return device, prov
 
 
@@ -191,7 +191,7 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "links": links,
         "collectives": fits,
         "overheads": {"context_gib": sig(raw.memory.context_gib, 3), "op_dispatch_s": sig(raw.host_dispatch_s[0], 3),
-                      "python_dispatch_s": sig(raw.host_dispatch_s[1], 3)},
+                      "python_dispatch_s": sig(raw.host_dispatch_s[1], 3), **_in_step_overheads(raw)},
         "provenance": prov,
         "collective_points": [{k: (sig(v) if isinstance(v, float) else v) for k, v in p.items()}
                               for p in raw.collective_points],
@@ -230,6 +230,23 @@ def _single_process_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults,
         "provenance": prov,
     }
     return profile_from_dict(data, "measured profile"), data, {}
+
+
+def _in_step_overheads(raw: RawResults) -> dict[str, float]:
+    """CPU: nothing hides a collective (bench/in_step.py), and what each FSDP2 call costs in a step."""
+    if raw.collective_sync_s is None:
+        return {}
+    return {"fsdp_overlap": 0.0, "cp_overlap": 0.0, "collective_sync_s": sig(raw.collective_sync_s, 3)}
+
+
+def _in_step_source(raw: RawResults) -> str:
+    if raw.collective_sync_s is None:
+        return "not measured (GPU, or one process): fsdp_overlap, cp_overlap and collective_sync_s keep their defaults"
+    return ("fsdp_overlap = cp_overlap = 0: on a CPU, FSDP2's collective streams are the one CPU stream and gloo "
+            "work is waited in line (torch fsdp/_fully_shard/_fsdp_param_group.py, get_all_gather_streams); "
+            "collective_sync_s measured (bench/in_step.py): per FSDP2 call of a 4-block model, its step less the "
+            "unsharded step, the priced hook ops and the back-to-back transfers; slowest rank per round, median "
+            "over rounds")
 
 
 def format_fit_table(errors: dict) -> str:

@@ -23,9 +23,9 @@ from meshplan.bench.timing import Budget, summarize
 from meshplan.profiles.schema import COLLECTIVES
 
 KIB, MIB = 1 << 10, 1 << 20
-# torch 2.13 renamed the tensor forms; older releases only have the *_tensor names
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# torch 2.13 renamed them (the old names warn); the GPU image's 2.11 has only the old ones.
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 # quick stops below 32 MiB: from there glibc serves gloo's temporary buffers by mmap and every call pays
 # page faults, a second regime that a minute-long run cannot cover with enough points
 QUICK_SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 2 * MIB, 4 * MIB, 8 * MIB, 16 * MIB, 24 * MIB]
@@ -91,10 +91,10 @@ def _op(collective: str, nbytes: int, members: list[int], rank: int, pg, dtype: 
         return lambda: dist.all_reduce(buf, group=pg)
     if collective == "all_gather":
         out, inp = torch.empty(numel, dtype=dtype, device=device), torch.ones(numel // n, dtype=dtype, device=device)
-        return lambda: _ALL_GATHER(out, inp, group=pg)
+        return lambda: ALL_GATHER(out, inp, group=pg)
     if collective == "reduce_scatter":
         out, inp = torch.empty(numel // n, dtype=dtype, device=device), torch.ones(numel, dtype=dtype, device=device)
-        return lambda: _REDUCE_SCATTER(out, inp, group=pg)
+        return lambda: REDUCE_SCATTER(out, inp, group=pg)
     if collective == "all_to_all":
         out, inp = torch.empty(numel, dtype=dtype, device=device), torch.ones(numel, dtype=dtype, device=device)
         return lambda: dist.all_to_all_single(out, inp, group=pg)

@@ -13,6 +13,7 @@ from meshplan.errors import InputError
 
 from meshplan.bench import collectives as coll
 from meshplan.bench.host import bench_host_dispatch
+from meshplan.bench.in_step import measure_collective_sync
 from meshplan.bench import compute
 from meshplan.bench.env import BenchEnv, init_env, shutdown
 from meshplan.bench.memory import MemoryResult, measure_memory
@@ -53,6 +54,7 @@ class RawResults:
     skipped: list[str]
     elapsed_s: float
     host_dispatch_s: tuple[float, float] = (0.0, 0.0)  # (op_dispatch_s, python_dispatch_s), medians over ranks
+    collective_sync_s: float | None = None  # per FSDP2 call in a step (CPU worlds of 2+ processes; in_step.py)
 
 
 def _median_over_ranks(points: list[dict], keys: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[dict]:
@@ -129,9 +131,10 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     host = (_scalar_median(op_s), _scalar_median(python_s))
     # One process: nothing to communicate with; the builder takes collectives from a built-in profile.
     points = _collective_section(env, opts, sets, budget, rep) if env.world > 1 else []
+    sync = measure_collective_sync(env, host[0], opts.quick) if env.world > 1 and not env.is_cuda else None
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
     return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
-                      time.time() - start, host)
+                      time.time() - start, host, sync)
 
 
 def _scalar_min(value: float) -> float:

@@ -47,6 +47,9 @@ def build_parser() -> ArgumentParser:
     ap.add_argument("--timing-warmup", type=int, default=2, help="first steps left out of the measured medians (default 2)")
     ap.add_argument("--track-memory", default="warmup", choices=("warmup", "all", "off"),
                     help="CPU peak-memory tracking: on warm-up steps (default), every step, or off")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="torch.profiler trace of this many steps after the timing warm-up, per rank, "
+                         "in <out>/profile/ (needs --out; default 0: none)")
     ap.add_argument("--quiet", action="store_true", help="no per-step lines on the terminal")
     launch = ap.add_argument_group("launch (torchrun)")
     launch.add_argument("--nnodes", type=int, default=None, help="nodes taking part (default 1); one torchrun agent each")
@@ -107,6 +110,12 @@ def run_options(args, plan: Plan) -> RunOptions:
         check_token_file(args.data, args.data_dtype, plan)
     if args.resume and not args.out:
         raise InputError("--resume", "needs --out (the run directory holding the checkpoints)")
+    _positive(args.profile_steps, "--profile-steps", 0)
+    if args.profile_steps and not args.out:
+        raise InputError("--profile-steps", "needs --out (the run directory the traces go to)")
+    if args.profile_steps and args.timing_warmup + args.profile_steps > args.steps:
+        raise InputError("--profile-steps", f"{args.profile_steps} steps after {args.timing_warmup} of warm-up "
+                                            f"need --steps >= {args.timing_warmup + args.profile_steps}")
     if args.checkpoint_every and not args.out:
         raise InputError("--checkpoint-every", "needs --out (the run directory the checkpoints go to)")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
@@ -114,7 +123,8 @@ def run_options(args, plan: Plan) -> RunOptions:
     return RunOptions(steps=args.steps, data=args.data, data_dtype=args.data_dtype, out=args.out, seed=args.seed,
                       resume=args.resume, checkpoint_every=args.checkpoint_every, lr=args.lr,
                       warmup_steps=args.warmup_steps, max_grad_norm=args.max_grad_norm,
-                      timing_warmup=args.timing_warmup, track_memory=args.track_memory, quiet=args.quiet)
+                      timing_warmup=args.timing_warmup, track_memory=args.track_memory, quiet=args.quiet,
+                      profile_steps=args.profile_steps)
 
 
 def check_token_file(path: str, dtype: str, plan: Plan) -> None:

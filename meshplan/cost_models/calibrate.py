@@ -238,7 +238,8 @@ def fit_kind(kind: str, runs: list[Run], base: ClusterProfile, terms: list[Term]
         x, cost = min([(x, cost)] + [_least_squares(kind, runs, base, terms, s, every) for s in starts],
                       key=lambda f: f[1])
         blind = [i for i in every if _blind(kind, runs, base, terms, x, i)]
-    x[blind] = x0[blind]
+    # Kept as they were, not as clamped into the fit's bounds (a context larger than every run's memory).
+    x[blind] = [terms[i].get(base) for i in blind]
     return apply(base, terms, x), [terms[i].name for i in blind]
 
 

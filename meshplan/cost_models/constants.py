@@ -99,11 +99,21 @@ def _attention(name: str):
             lambda p, v: replace(p, device=replace(p.device, attention=replace(p.device.attention, **{name: v}))))
 
 
+def _matmul(name: str):
+    return (lambda p: getattr(p.device.matmul, name),
+            lambda p, v: replace(p, device=replace(p.device, matmul=replace(p.device.matmul, **{name: v}))))
+
+
 PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("device.sustained_fraction", *_device("sustained_fraction"), 1.0,
                     "share of the best-case tensor-core rate (MAMF, FA2 benchmark) that training sustains",
                     {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), "h100-96g-gt": TORCHTITAN}, (0.5, 1.0)),
     # h100-80g-dgx (700 W) carries the A100's full-TDP 0.85: data/validation/sustained_fraction.csv
+    ProfileConstant("device.matmul.half_dim", *_matmul("half_dim"), 0.0,
+                    "dimension at which a matmul reaches half its shape-free rate, per dimension (m/(m+h) x "
+                    "n/(n+h) x k/(k+h)), used where a profile has no measured points; profile-cluster fits it "
+                    "from its own points; the GPU built-ins' 64-128 are unsourced (data/published has no "
+                    "matmul shape sweep)", bounds=(0.0, 512.0)),
     ProfileConstant("device.memory_bound_efficiency", *_device("memory_bound_efficiency"), 1.0,
                     "share of datasheet HBM bandwidth an eager elementwise kernel reaches (STREAM-like copy "
                     "kernels reach 0.7-0.8 of datasheet on A100/H100; profile-cluster measures it)"),

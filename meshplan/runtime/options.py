@@ -27,6 +27,7 @@ class RunOptions:
     max_grad_norm: float = 1.0
     timing_warmup: int = 2           # first steps excluded from the measured medians
     track_memory: str = "warmup"     # warmup | all | off (see metrics.py)
+    profile_steps: int = 0           # torch.profiler traces of this many steps after the warm-up (profiling.py)
     quiet: bool = False
 
     def lr_warmup_steps(self) -> int:
@@ -42,6 +43,8 @@ class RunOptions:
                 "--data-dtype", self.data_dtype]
         if self.out:
             argv += ["--out", str(Path(self.out).resolve())]
+        if self.profile_steps:
+            argv += ["--profile-steps", str(self.profile_steps)]
         if self.warmup_steps is not None:
             argv += ["--warmup-steps", str(self.warmup_steps)]
         if self.resume:

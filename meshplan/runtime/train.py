@@ -29,6 +29,7 @@ from meshplan.runtime.metrics import LiveTensorMemory, MetricsLog, StepMetrics, 
 from meshplan.runtime.options import RunOptions, check_runnable
 from meshplan.runtime.parallelize import ModelParts, parallelize_model
 from meshplan.runtime.pipeline import build_schedule
+from meshplan.runtime.profiling import profiled_steps, save_profile, step_profiler
 from meshplan.specs.plan import Plan
 from meshplan.yamlio import atomic_write_text
 
@@ -189,6 +190,7 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
     t = plan.training
     tokens = t.global_batch * t.seq_len
     seen: tuple[float | None, float | None] = (None, None)  # largest (allocated, reserved) tracked so far
+    profiled = profiled_steps(start + opts.timing_warmup, opts.profile_steps) if out else range(0)
     for step in range(start, opts.steps):
         tracked = opts.track_memory == "all" or (opts.track_memory == "warmup" and step - start < max(1, opts.timing_warmup))
         tracker = LiveTensorMemory(device) if tracked and device.type == "cpu" else None
@@ -196,9 +198,12 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
             torch.cuda.reset_peak_memory_stats(device)
         dist.barrier()
         t0 = time.perf_counter()
-        with tracker if tracker is not None else contextlib.nullcontext():
-            loss, grad_norm = trainer.step(step)
+        with step_profiler(device, step in profiled) as prof:
+            with tracker if tracker is not None else contextlib.nullcontext():
+                loss, grad_norm = trainer.step(step)
         dt = time.perf_counter() - t0
+        if prof is not None and out is not None:
+            save_profile(prof, out, dist.get_rank(), step + 1, device)
         peak, reserved = _peak_memory(device, tracker)
         if peak is not None:
             seen = (max(seen[0] or 0.0, peak), None if reserved is None else max(seen[1] or 0.0, reserved))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -68,6 +69,19 @@ def test_unseen_terms_are_kept(tmp_path):
     assert "overheads.fsdp_overlap" in fit.unconstrained
     assert "collectives.network.bus_bandwidth_scale" in fit.unconstrained
     assert fit.after["overheads.fsdp_overlap"] == base.overheads.fsdp_overlap
+
+
+def test_a_kept_term_outside_the_fit_bounds_keeps_its_value(runs):
+    """A fresh profile's context (0.23 GiB on a CPU) can exceed every tiny run's memory, the upper
+    bound of the fit; runs measure tensors only, so the context is unseen and must come back as it was."""
+    loaded = [load_run(d) for d in runs]
+    context = 10 * max(r.peak_memory_gib for r in loaded)
+    base = load_profile("cpu-gloo")
+    base = replace(base, overheads=replace(base.overheads, context_gib=context))
+    fit = calibrate(loaded, base)
+    assert "overheads.context_gib" in fit.unconstrained
+    assert fit.after["overheads.context_gib"] == context
+    assert fit.profile.overheads.context_gib == context
 
 
 @pytest.mark.parametrize("content, message", [

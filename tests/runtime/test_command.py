@@ -116,9 +116,32 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
     assert "--steps" in _error(meshplan_run("--plan", str(good), "--steps", "0"))
     assert "--data" in _error(meshplan_run("--plan", str(good), "--data", str(tmp_path / "nope.bin")))
     assert "--resume" in _error(meshplan_run("--plan", str(good), "--resume"))
+    assert "--profile-steps" in _error(meshplan_run("--plan", str(good), "--profile-steps", "1"))
+    assert "--profile-steps" in _error(meshplan_run("--plan", str(good), "--profile-steps", "2", "--steps", "3",
+                                                    "--out", str(tmp_path / "p")))
 
     bad_pp = plan("tiny-4l", pp=2, pp_schedule="ZBVZeroBubble", pp_virtual_stages=2)
     bad_pp["training"]["micro_batch"] = 4  # 2 micro-batches < 4 stages: V-shaped schedules need one per stage
     f = tmp_path / "bad_pp.yaml"
     f.write_text(yaml.safe_dump(bad_pp))
     assert "micro-batches" in _error(meshplan_run("--plan", str(f)))
+
+
+@pytest.mark.distributed
+def test_profile_steps_write_a_trace_and_an_op_table_per_rank(tmp_path):
+    p = plan("tiny", dp_shard=2)
+    plan_file = tmp_path / "fsdp.yaml"
+    plan_file.write_text(yaml.safe_dump(p))
+    out = tmp_path / "run"
+    res = meshplan_run("--plan", str(plan_file), "--steps", "3", "--timing-warmup", "2", "--profile-steps", "1",
+                       "--out", str(out), "--quiet")
+    assert res.returncode == 0, res.stderr[-3000:]
+    # Step 3 is the first after the two warm-up steps, the only one profiled.
+    assert sorted(f.name for f in (out / "profile").iterdir()) == [
+        "rank0_step3.json", "rank0_step3_ops.txt", "rank1_step3.json", "rank1_step3_ops.txt"]
+    for rank in (0, 1):
+        events = json.loads((out / "profile" / f"rank{rank}_step3.json").read_text())["traceEvents"]
+        names = {e.get("name", "") for e in events}
+        # An FSDP plan gathers its parameters in the step: the trace must show where that time went.
+        assert any(n.startswith("FSDP::all_gather") for n in names), sorted(names)[:20]
+        assert "aten::mm" in (out / "profile" / f"rank{rank}_step3_ops.txt").read_text()

@@ -1,0 +1,98 @@
+"""What an FSDP2 collective call costs inside a CPU training step, which back-to-back
+micro-benchmarks do not see (`overheads.collective_sync_s`).
+
+On a CPU nothing hides a collective: FSDP2's all-gather and reduce-scatter "streams" are the one
+CPU stream there and gloo work is waited for in line (torch/distributed/fsdp/_fully_shard/
+_fsdp_param_group.py, get_all_gather_streams; the runtime's CP gather path calls dist.all_gather),
+so CPU profiles set fsdp_overlap = cp_overlap = 0 (builder.py). What is left is each call's hook
+and wait time beyond the benchmarked transfer and the host ops cost_models/host.py prices: with as
+many processes as cores, the wait for the peers' and gloo's threads to be scheduled. Measured on a
+small FSDP2 model against the same model unsharded, both on every rank at once (one unit per block:
+all-gathers forward and again in backward, one reduce-scatter per unit, the calls host.py counts).
+
+Every rank runs the same fixed number of repetitions (collectives must match across ranks); a
+round's time is the slowest rank's, a figure the median over rounds. Measured on CPU worlds only: on a
+GPU the host runs ahead of the kernels (host.py) and NCCL overlaps on its own streams.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from meshplan.bench.collectives import ALL_GATHER, REDUCE_SCATTER
+from meshplan.bench.env import BenchEnv
+from meshplan.cost_models.host import UNIT_OPS, UNIT_OPS_PER_TENSOR
+
+UNITS, WIDTH, TOKENS = 4, 128, 128  # the FSDP2 model: UNITS blocks of three WIDTH x WIDTH linears
+TENSORS_PER_UNIT = 6  # three weights, three biases
+
+
+def _timed(fn: Callable[[], object], env: BenchEnv, reps: int, rounds: int) -> float:
+    """Seconds per call: each round `reps` calls between barriers, the slowest rank's time; the
+    median over rounds."""
+    fn()
+    per_round = []
+    for _ in range(rounds):
+        env.sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        env.sync()
+        per_round.append(env.max_over_ranks([(time.perf_counter() - t0) / reps])[0])
+    return statistics.median(per_round)
+
+
+def blocks(env: BenchEnv) -> nn.Sequential:
+    """UNITS blocks of three linears, the same weights on every rank."""
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(3)])
+                           for _ in range(UNITS)]).to(env.device)
+
+
+def shard_blocks(model: nn.Sequential, mesh) -> None:
+    """One FSDP2 unit per block under a root without parameters of its own, as the runtime wraps a
+    model (runtime/data_parallel.py): every block but the last reshards after forward."""
+    from torch.distributed.fsdp import fully_shard
+
+    for i, block in enumerate(model):
+        fully_shard(block, mesh=mesh, reshard_after_forward=i < len(model) - 1)
+    fully_shard(model, mesh=mesh)
+
+
+def fsdp_calls() -> tuple[int, int]:
+    """(all-gathers, reduce-scatters) of one step of the sharded blocks: each block gathered forward
+    and again backward but the last, which stays gathered (host.py counts them so too), one reduction each."""
+    return 2 * UNITS - 1, UNITS
+
+
+def measure_collective_sync(env: BenchEnv, op_dispatch_s: float, quick: bool) -> float:
+    """Per FSDP2 call: (sharded step - unsharded step - priced hook ops - transfer) / calls."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    reps, rounds = (10, 5) if quick else (20, 7)
+    x = torch.randn(TOKENS, WIDTH, device=env.device)
+
+    def step(model: nn.Module) -> Callable[[], None]:
+        return lambda: model(x).sum().backward()
+    plain = _timed(step(blocks(env)), env, reps, rounds)
+    sharded_model = blocks(env)
+    mesh = init_device_mesh(env.device.type, (env.world,))
+    shard_blocks(sharded_model, mesh)
+    sharded = _timed(step(sharded_model), env, reps, rounds)
+    # The same messages back to back: one unit's parameters gathered, its gradients reduce-scattered.
+    unit_numel = sum(p.numel() for p in blocks(env)[0].parameters())
+    shard = torch.randn(-(-unit_numel // env.world), device=env.device)
+    full = torch.empty(shard.numel() * env.world, device=env.device)
+    gather = _timed(lambda: ALL_GATHER(full, shard), env, reps, rounds)
+    scatter = _timed(lambda: REDUCE_SCATTER(shard, full), env, reps, rounds)
+    gathers, scatters = fsdp_calls()
+    transfer = gathers * gather + scatters * scatter
+    hooks = UNITS * (UNIT_OPS + TENSORS_PER_UNIT * UNIT_OPS_PER_TENSOR) * op_dispatch_s
+    return max(0.0, (sharded - plain - hooks - transfer) / (gathers + scatters))
