@@ -20,7 +20,8 @@ from meshplan.profiles.schema import ClusterProfile
 
 Transform = Callable[[str, ClusterProfile], ClusterProfile]  # (profile name, profile) -> profile to predict with
 GOLDEN_ITERATIONS = 14  # interval shrinks to 0.618^14 ~ 0.1 % of the bounds
-SWEEPS = 2
+MAX_SWEEPS = 12
+CONVERGED = 1e-3  # a sweep that moves no constant by more than this share of its bounds ends the descent
 
 
 def training_rows() -> list[PublishedRow]:
@@ -181,18 +182,30 @@ def _objective(errs: list[RowError]) -> float:
 
 
 def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = None) -> dict[tuple[str, str], float]:
-    """Each fitted constant by a 1-D search on the rows of its tables (coordinate descent, SWEEPS passes in
-    registry order: the compute rate and the overlaps trade off, one pass leaves the first where the others' guesses put it)."""
+    """Each fitted constant by a 1-D search on the rows of its tables, coordinate descent in registry order
+    until a sweep moves no constant by more than CONVERGED of its bounds: the compute rate and the overlaps
+    trade off, so a fixed number of passes would leave the answer depending on the starting guesses."""
     values = dict(values or {})
-    for t in fit_targets() * SWEEPS:
-        mine = [r for r in rows if r.table in t.tables and r.plan.cluster == t.profile]
-        if not mine:
-            continue  # no row to fit on: keeps its built-in value
-        key = (t.constant.name, t.profile)
+    for _ in range(MAX_SWEEPS):
+        moved = 0.0
+        for t in fit_targets():
+            mine = [r for r in rows if r.table in t.tables and r.plan.cluster == t.profile]
+            if not mine:
+                continue  # no row to fit on: keeps its built-in value
+            key = (t.constant.name, t.profile)
 
-        def loss(v: float, key=key, mine=mine) -> float:
-            return _objective(row_errors(mine, transform_of({**values, key: v})))
-        values[key] = _golden(loss, *t.constant.bounds)
+            def loss(v: float, key=key, mine=mine) -> float:
+                return _objective(row_errors(mine, transform_of({**values, key: v})))
+            lo, hi = t.constant.bounds
+            new = _golden(loss, lo, hi)
+            start = values.get(key, t.constant.get(load_profile(t.profile)))
+            if loss(new) <= loss(start):  # golden section brackets a local minimum: never step uphill
+                moved = max(moved, abs(new - start) / (hi - lo))
+                values[key] = new
+            else:
+                values[key] = start
+        if moved <= CONVERGED:
+            break
     return values
 
 

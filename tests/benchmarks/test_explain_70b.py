@@ -9,6 +9,7 @@ import importlib.util
 import io
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -179,8 +180,11 @@ def test_statuses_follow_the_registry():
     assert explain_70b.driver("overheads.kernel_efficiency", dgx).status == "D"
     assert explain_70b.driver("model.adamw_bytes_per_param", dgx).status == "D"
     assert explain_70b.driver("model.norm_passes", dgx).status == "S"  # 20 against a physical 2, with its source
-    # dgx carries 0.9 with no fit and no provenance of its own; the reduce-scatter line is sourced by its sibling entry
-    assert explain_70b.driver("overheads.fsdp_overlap", dgx).status == "U"
+    # dgx carries the 96 GB part's fit, said in its provenance (transferred); without that entry it is unsourced
+    assert explain_70b.driver("overheads.fsdp_overlap", dgx).status == "T"
+    bare = replace(dgx, provenance={k: v for k, v in dgx.provenance.items() if k != "overheads.fitted"})
+    assert explain_70b.driver("overheads.fsdp_overlap", bare).status == "U"
+    # the reduce-scatter line is sourced by its sibling entry
     assert explain_70b.driver("collectives.nvlink.reduce_scatter", dgx).status == "S"
 
 
