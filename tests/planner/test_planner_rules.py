@@ -17,12 +17,12 @@ from planner_brute import make_plan  # noqa: E402
 
 from meshplan import cli  # noqa: E402
 from meshplan.errors import InputError  # noqa: E402
-from meshplan.planner.constraints import AC_SCHEDULE, REASONS  # noqa: E402
+from meshplan.planner.constraints import REASONS  # noqa: E402
 from meshplan.planner.search import search  # noqa: E402
 from meshplan.profiles.registry import load_profile  # noqa: E402
 from meshplan.runtime.options import check_runnable  # noqa: E402
 from meshplan.specs.plan import PP_SCHEDULES, plan_from_dict  # noqa: E402
-from meshplan.specs.rules import COMPILE_TP_NO_AC, ac_schedule_reason  # noqa: E402
+from meshplan.specs.rules import COMPILE_TP_NO_AC, SAC_SPLIT_BACKWARD, ac_schedule_reason  # noqa: E402
 
 # What ran on 2 gloo ranks (tiny-4l, pp 2, torch 2.13): every schedule with AC none and full; with
 # selective AC, the three schedules that run input and weight gradients as separate passes failed
@@ -50,12 +50,12 @@ def test_search_prunes_selective_ac_with_split_backward(schedule):
     accounted for; with full AC the same schedule is found, so the rule is what removed them."""
     res = _search(schedule, "selective")
     n = res.counts()
-    assert AC_SCHEDULE in REASONS
-    assert n["rejected_by_reason"].get(AC_SCHEDULE, 0) > 0
+    assert SAC_SPLIT_BACKWARD in REASONS
+    assert n["rejected_by_reason"].get(SAC_SPLIT_BACKWARD, 0) > 0
     assert n["accounted"] == n["space"], n
     assert res.ranked and all(c.layout.pp == 1 for c in res.ranked)
     full = _search(schedule, "full")
-    assert full.counts()["rejected_by_reason"].get(AC_SCHEDULE, 0) == 0
+    assert full.counts()["rejected_by_reason"].get(SAC_SPLIT_BACKWARD, 0) == 0
     assert any(c.layout.pp == 2 and c.layout.schedule == schedule for c in full.ranked)
 
 
@@ -66,7 +66,7 @@ def test_default_search_writes_no_refused_plan():
     assert res.ranked
     for c in res.ranked:
         assert ac_schedule_reason(c.layout.pp, c.layout.schedule, c.layout.ac) is None
-    assert res.counts()["rejected_by_reason"].get(AC_SCHEDULE, 0) > 0
+    assert res.counts()["rejected_by_reason"].get(SAC_SPLIT_BACKWARD, 0) > 0
 
 
 def _plan_dict(schedule: str, ac: str) -> dict:
