@@ -12,6 +12,7 @@ from meshplan.cost_models.estimate import Estimate, estimate_plan
 from meshplan.errors import InputError
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import Plan, check_consistency, load_plan
+from meshplan.specs.rules import check_backend_rules, profile_backend
 
 
 # Memory budgets tried, as multiples of the device's usable memory, when no completion fits: the first is
@@ -81,6 +82,7 @@ def main(argv: list[str]) -> int:
     profile = load_profile(plan.cluster)
     if plan.is_complete():
         check_consistency(plan)
+        check_backend_rules(plan, profile_backend(profile.provenance))  # what the planner prunes on this profile
         est = estimate_plan(plan, profile)
     else:
         plan, est = fill_auto(plan, profile)

@@ -17,7 +17,7 @@ from meshplan.cost_models.estimate import StepParts, compose_step, rank_busy, st
 from meshplan.cost_models.layout import Layout, even_split
 from meshplan.cost_models.pipeline import bound_kind, linear_bound_rows, makespan_lower_bound
 from meshplan.planner.bounds import Bounds
-from meshplan.planner.constraints import PP_LAYERS, SPLIT, ac_schedule_reason, microbatch_reason, schedule_reason
+from meshplan.planner.constraints import PP_LAYERS, SPLIT, schedule_reason
 from meshplan.planner.enumeration import KnobClass, fastest_member
 from meshplan.planner.pool import Pool
 from meshplan.planner.sac_choice import SacChoice
@@ -25,6 +25,7 @@ from meshplan.planner.scoring import Scoring
 from meshplan.planner.space import EVEN, SAC_ILP, Space
 from meshplan.planner.stage_split import balanced_split
 from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.rules import ac_schedule_reason, microbatch_reason
 
 Group = tuple[float, int, tuple[int, ...], list[str]]  # (bound, v, layers, schedules)
 

@@ -17,6 +17,7 @@ from meshplan.planner.pool import Pool
 from meshplan.planner.space import SAC_ILP, Mesh, Space
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import SAC_OPS
+from meshplan.specs.rules import COMPILE_TP_NO_AC
 
 
 class Pruning:
@@ -72,8 +73,14 @@ class Pruning:
                 pool.reject(SP_SEQ, per_sp)
                 continue
             for (ac, sac), f8, reshard in itertools.product(s.ac_options(), s.float8_options(), s.reshard_options(m)):
-                lay = self.enum.layout(m, mb, sp, ac, sac, f8, reshard)
-                pool.n_dom += n_sched * variants - n_sched
+                compiles = s.runnable_compiles(m.tp, ac)
+                kept = len(compiles) * len(s.async_options(m.tp))
+                pool.reject(COMPILE_TP_NO_AC, n_sched * (variants - kept))
+                if not compiles:
+                    continue
+                # The class's layout takes the fastest variant the rules leave (compile when it may).
+                lay = self.enum.layout(m, mb, sp, ac, sac, f8, reshard).with_(compile=max(compiles))
+                pool.n_dom += n_sched * kept - n_sched
                 bound = self.bounds.class_time_bound(fastest_member(lay, sac), order)
                 if bound >= pool.kth():  # the K-th best only improves: this class will never be expanded
                     pool.n_bounded += n_sched

@@ -13,12 +13,13 @@ from meshplan.cost_models.estimate import StageDurations, StepParts, compose_ste
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.pipeline import simulate_cached
 from meshplan.planner.bounds import Bounds
-from meshplan.planner.constraints import MICROBATCHES, NO_FIT
+from meshplan.planner.constraints import NO_FIT
 from meshplan.planner.peaks import Peaks
 from meshplan.planner.pool import Pool
 from meshplan.planner.results import Candidate
 from meshplan.planner.sac_choice import SacChoice
 from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.rules import MICROBATCHES
 
 TOO_BIG = "too big"  # evaluate's answer when the simulation stopped: a rank held more than fits
 BOUNDED_LEAF = "bounded"  # fitting_sac's answer when every subset still in question is bounded out

@@ -14,7 +14,7 @@ so a subtree's size is a product of option counts: the summary counts every leaf
   activation ck. none | selective (TorchTitan op policy) | selective (SAC ILP) | full
   float8         {false, true} where the profile has fp8 peaks
   reshard        {true, false} where it changes anything (dp_shard > 1 and pp = 1)
-  compile        {false, true}
+  compile        {false, true}; on gloo not true with tp > 1 and AC none (specs/rules.py)
   mesh order     one per distinct placement of the groups on link levels (placement.py)
 """
 
@@ -28,7 +28,7 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
-from meshplan.specs.rules import async_tp_reason, profile_backend, tied_embeddings_reason
+from meshplan.specs.rules import async_tp_reason, compile_tp_reason, profile_backend, tied_embeddings_reason
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
 SAC_ILP = "ilp"  # selective AC with the op kinds the SAC ILP chooses under the memory budget
@@ -216,3 +216,9 @@ class Space:
     @memoized
     def compile_options(self) -> list[bool]:
         return self._opts("compile", self.plan.compile, [False, True])
+
+    @memoized
+    def runnable_compiles(self, tp: int, ac: str) -> list[bool]:
+        """compile_options() less what the runtime cannot run with this TP degree and AC (specs/rules.py)."""
+        backend = profile_backend(self.profile.provenance)
+        return [c for c in self.compile_options() if compile_tp_reason(c, tp, ac, backend) is None]

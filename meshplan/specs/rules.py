@@ -84,6 +84,9 @@ def unsupported_fields(plan: Plan, backend: str) -> list[tuple[str, str]]:
     return out
 
 
+COMPILE_TP_NO_AC = "compiled TP blocks with activation_checkpointing none on gloo"
+
+
 def compile_tp_reason(compile_: bool, tp: int, ac: str, backend: str) -> str | None:
     """Why compiled TP blocks without AC cannot run here, or None. On torch 2.13 CPU/gloo their
     backward fails inside DTensor ("'Tensor' object has no attribute '_local_tensor'"), while the
@@ -92,6 +95,15 @@ def compile_tp_reason(compile_: bool, tp: int, ac: str, backend: str) -> str | N
     if compile_ and tp > 1 and ac == "none" and backend == GLOO:
         return "with tp > 1 and activation_checkpointing none fails in DTensor's backward on gloo; use AC or compile: false"
     return None
+
+
+def check_backend_rules(plan: Plan, backend: str) -> None:
+    """One-line error for a complete plan the planner would not emit on `backend` (a profile's):
+    compiled TP blocks without AC on gloo, pruned from the search under COMPILE_TP_NO_AC."""
+    why = compile_tp_reason(bool(plan.compile), int(plan.parallel.tp), str(plan.memory.activation_checkpointing),
+                            backend)
+    if why:
+        raise InputError("compile", f"true cannot run on {backend}: {why}")
 
 
 def float8_tp_reason(float8: bool, tp: int, backend: str) -> str | None:

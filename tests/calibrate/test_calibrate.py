@@ -1,4 +1,5 @@
-"""meshplan calibrate: recovers known coefficients from synthetic runs; bad inputs are one-line errors."""
+"""meshplan calibrate: its fit is a least-squares optimum of the runs, terms the runs do not see are kept,
+the written profile holds what it claims; bad inputs are one-line errors."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from synthetic import MESHES, TRUE_TERMS, true_profile, write_runs  # noqa: E402
+from synthetic import MESHES, true_profile, write_runs  # noqa: E402
 
 from meshplan.cli import main as cli_main  # noqa: E402
-from meshplan.cost_models.calibrate import calibrate, load_run  # noqa: E402
+from meshplan.cost_models.calibrate import calibrate, fit_terms, load_run  # noqa: E402
+from meshplan.cost_models.estimate import estimate_plan  # noqa: E402
 from meshplan.profiles import load_profile  # noqa: E402
 from meshplan.profiles.registry import _load_path  # noqa: E402
+from meshplan.specs.plan import plan_from_dict  # noqa: E402
 
 NETWORK = "collectives.network.bus_bandwidth_scale"
 
@@ -27,7 +30,19 @@ def runs(tmp_path_factory):
     return write_runs(tmp_path_factory.mktemp("runs"), true_profile(base))
 
 
-def test_fit_recovers_known_terms(runs):
+def _step_errors(runs, prof) -> list[float]:
+    """predicted / measured step time - 1 per run, from the estimate and the run's own file."""
+    out = []
+    for d in runs:
+        data = json.loads(Path(d, "summary.json").read_text())
+        out.append(estimate_plan(plan_from_dict(data["plan"]), prof).step_time_s / data["measured"]["step_time_s"] - 1)
+    return out
+
+
+def test_fit_is_a_least_squares_optimum(runs):
+    """Whatever values made the runs: the fit explains them better than the profile it started from, and
+    moving any term the runs see by 2 % either way makes the sum of squared errors larger (the definition
+    of a least-squares fit, checked by brute force around it)."""
     base = load_profile("cpu-gloo")
     fit = calibrate([load_run(d) for d in runs], base)
     # cpu-gloo is one node of four: no four-rank run crosses its network level, which is reported and kept.
@@ -37,11 +52,16 @@ def test_fit_recovers_known_terms(runs):
     assert set(fit.unconstrained) == unseen
     for name in unseen:
         assert fit.after[name] == fit.before[name]
-    for name, truth in TRUE_TERMS.items():
+    sse = sum(e * e for e in _step_errors(runs, fit.profile))
+    assert sse < sum(e * e for e in _step_errors(runs, base))
+    time_terms = {t.name: t for t in fit_terms(base, [load_run(d) for d in runs], 1.0, 1.0) if t.kind == "time"}
+    for name, term in time_terms.items():
         if name in unseen:
             continue
-        assert fit.after[name] == pytest.approx(truth, rel=0.03), name
-        assert fit.before[name] != pytest.approx(truth, rel=0.03), f"{name} started at the answer: test proves nothing"
+        for factor in (0.98, 1.02):
+            moved = term.set(fit.profile, fit.after[name] * factor)
+            moved.__dict__.pop("_cost_cache", None)
+            assert sum(e * e for e in _step_errors(runs, moved)) > sse, (name, factor)
 
 
 def test_command_writes_a_loadable_profile_with_provenance(runs, tmp_path, capsys):
@@ -51,13 +71,15 @@ def test_command_writes_a_loadable_profile_with_provenance(runs, tmp_path, capsy
     assert "mean |error|" in text and "in-sample" in text
     prof = _load_path(str(out))
     assert prof.name == "cpu-gloo-calibrated"
-    assert prof.overheads.step_overhead_s == pytest.approx(TRUE_TERMS["overheads.step_overhead_s"], rel=0.03)
-    assert prof.device.matmul.max_fraction["fp32"] == pytest.approx(0.3, rel=0.03)
     cal = prof.provenance["calibration"]
     assert len(cal["runs"]) == len(MESHES)
-    assert cal["errors_before"]["mean_abs_step_time"] > 0.1
-    assert cal["errors_after"]["mean_abs_step_time"] < 0.01
-    assert cal["errors_after"]["mean_abs_peak_memory"] < 0.01
+    # The errors the file claims are those of the profile it holds (and of the one it came from),
+    # recomputed here from the runs' own summaries.
+    before = [abs(e) for e in _step_errors(runs, load_profile("cpu-gloo"))]
+    after = [abs(e) for e in _step_errors(runs, prof)]
+    assert cal["errors_before"]["mean_abs_step_time"] == pytest.approx(sum(before) / len(before), abs=1e-5)
+    assert cal["errors_after"]["mean_abs_step_time"] == pytest.approx(sum(after) / len(after), abs=1e-5)
+    assert sum(after) < sum(before)
 
 
 def test_unseen_terms_are_kept(tmp_path):

@@ -21,13 +21,12 @@ from meshplan.cost_models.estimate import estimate_layout, group_spans, stage_du
 from meshplan.cost_models.layout import Layout, even_split, runtime_paths
 from meshplan.fields import AUTO
 from meshplan.commands.plan import build_plan_mapping
-from meshplan.planner.constraints import microbatch_reason
-from meshplan.specs.rules import ac_schedule_reason
 from meshplan.planner.placement import candidate_orders
 from meshplan.planner.stage_split import balanced_split
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS, Plan, plan_from_dict
-from meshplan.specs.rules import async_tp_reason, profile_backend
+from meshplan.specs.rules import (ac_schedule_reason, async_tp_reason, compile_tp_reason, microbatch_reason,
+                                  profile_backend)
 
 SINGLE = ("GPipe", "1F1B")
 VSHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -178,7 +177,7 @@ def enumerate_space(plan: Plan, prof, global_batch: int, all_sac_subsets: bool =
                             scheds.append((s, v))
             for sp, at, (ac, sac), f8, rs, comp, (sched, v), order in itertools.product(
                     sps, asyncs, acs, f8s, reshards, compiles, scheds, orders):
-                if ac_schedule_reason(pp, sched, ac):
+                if ac_schedule_reason(pp, sched, ac) or compile_tp_reason(comp, tp, ac, profile_backend(prof.provenance)):
                     continue
                 lay = probe.with_(micro_batch=mb, sp=sp and tp > 1, async_tp=at, ac=ac, sac_ops=sac, float8=f8,
                                   reshard_after_forward=rs, compile=comp, schedule=sched, v=v,

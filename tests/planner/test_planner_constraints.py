@@ -17,12 +17,12 @@ from meshplan import cli  # noqa: E402
 from meshplan.cost_models.estimate import estimate_layout, estimate_plan  # noqa: E402
 from meshplan.cost_models.layout import even_split  # noqa: E402
 from meshplan.cost_models.memory import GIB, rank_memory  # noqa: E402
-from meshplan.planner.constraints import NO_FIT, microbatch_reason  # noqa: E402
+from meshplan.planner.constraints import NO_FIT  # noqa: E402
 from meshplan.planner.placement import candidate_orders  # noqa: E402
 from meshplan.planner.search import search  # noqa: E402
 from meshplan.profiles.registry import load_profile  # noqa: E402
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS, load_plan, plan_from_dict  # noqa: E402
-from meshplan.specs.rules import profile_backend  # noqa: E402
+from meshplan.specs.rules import microbatch_reason, profile_backend  # noqa: E402
 
 # (model, gpus, seq_len, global_batch, cluster, fixes, usable-memory override)
 SEARCHES = {

@@ -4,6 +4,7 @@ refuses a Plan built in code."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,12 +17,12 @@ from planner_brute import make_plan  # noqa: E402
 
 from meshplan import cli  # noqa: E402
 from meshplan.errors import InputError  # noqa: E402
-from meshplan.planner.constraints import AC_SCHEDULE, REASONS  # noqa: E402
+from meshplan.planner.constraints import REASONS  # noqa: E402
 from meshplan.planner.search import search  # noqa: E402
 from meshplan.profiles.registry import load_profile  # noqa: E402
 from meshplan.runtime.options import check_runnable  # noqa: E402
 from meshplan.specs.plan import PP_SCHEDULES, plan_from_dict  # noqa: E402
-from meshplan.specs.rules import ac_schedule_reason  # noqa: E402
+from meshplan.specs.rules import COMPILE_TP_NO_AC, SAC_SPLIT_BACKWARD, ac_schedule_reason  # noqa: E402
 
 # What ran on 2 gloo ranks (tiny-4l, pp 2, torch 2.13): every schedule with AC none and full; with
 # selective AC, the three schedules that run input and weight gradients as separate passes failed
@@ -49,12 +50,12 @@ def test_search_prunes_selective_ac_with_split_backward(schedule):
     accounted for; with full AC the same schedule is found, so the rule is what removed them."""
     res = _search(schedule, "selective")
     n = res.counts()
-    assert AC_SCHEDULE in REASONS
-    assert n["rejected_by_reason"].get(AC_SCHEDULE, 0) > 0
+    assert SAC_SPLIT_BACKWARD in REASONS
+    assert n["rejected_by_reason"].get(SAC_SPLIT_BACKWARD, 0) > 0
     assert n["accounted"] == n["space"], n
     assert res.ranked and all(c.layout.pp == 1 for c in res.ranked)
     full = _search(schedule, "full")
-    assert full.counts()["rejected_by_reason"].get(AC_SCHEDULE, 0) == 0
+    assert full.counts()["rejected_by_reason"].get(SAC_SPLIT_BACKWARD, 0) == 0
     assert any(c.layout.pp == 2 and c.layout.schedule == schedule for c in full.ranked)
 
 
@@ -65,7 +66,7 @@ def test_default_search_writes_no_refused_plan():
     assert res.ranked
     for c in res.ranked:
         assert ac_schedule_reason(c.layout.pp, c.layout.schedule, c.layout.ac) is None
-    assert res.counts()["rejected_by_reason"].get(AC_SCHEDULE, 0) > 0
+    assert res.counts()["rejected_by_reason"].get(SAC_SPLIT_BACKWARD, 0) > 0
 
 
 def _plan_dict(schedule: str, ac: str) -> dict:
@@ -94,3 +95,50 @@ def test_run_precheck_refuses_plan_built_in_code():
     bad = replace(ok, memory=replace(ok.memory, activation_checkpointing="selective"))
     with pytest.raises(InputError, match="memory.activation_checkpointing"):
         check_runnable(bad)
+
+
+# Compiled TP blocks with AC none: their backward failed in DTensor on 2 gloo ranks (torch 2.13,
+# tiny-4l, tp 2); under full or selective AC, or without compile, they trained.
+TP2_NO_AC = ("parallel.tp=2", "memory.activation_checkpointing=none")
+
+
+def _nccl_twin(prof):
+    """The same profile as if measured on NCCL, where the rule does not apply."""
+    twin = copy.deepcopy(prof)
+    twin.__dict__.pop("_cost_cache", None)
+    twin.provenance = {**(twin.provenance or {}), "world": {**twin.provenance["world"], "backend": "nccl"}}
+    return twin
+
+
+def test_search_prunes_compiled_tp_without_ac_on_gloo():
+    """tiny-4l on 2 ranks, tp 2 and AC none fixed: the leaves are 4 micro-batches (divisors of 8) x SP
+    on/off x compile on/off = 16; the 8 compiled ones are rejected under the rule's reason, the rest
+    scored, and no ranked plan compiles. On the NCCL twin of the profile compile wins: the rule removed it."""
+    gloo = load_profile("cpu-gloo")
+    res = search(make_plan("tiny-4l", 2, 128, 8, "cpu-gloo", TP2_NO_AC), gloo, top_k=50, jobs=1)
+    n = res.counts()
+    assert COMPILE_TP_NO_AC in REASONS
+    assert (n["space"], n["rejected_by_reason"], n["accounted"]) == (16, {COMPILE_TP_NO_AC: 8}, 16)
+    assert res.ranked and not any(c.layout.compile for c in res.ranked)
+    pinned = search(make_plan("tiny-4l", 2, 128, 8, "cpu-gloo", TP2_NO_AC + ("compile=true",)), gloo, jobs=1)
+    assert pinned.best is None and pinned.counts()["rejected_by_reason"] == {COMPILE_TP_NO_AC: 8}
+    twin = search(make_plan("tiny-4l", 2, 128, 8, "cpu-gloo", TP2_NO_AC), _nccl_twin(gloo), top_k=50, jobs=1)
+    assert twin.best is not None and twin.best.layout.compile
+    assert COMPILE_TP_NO_AC not in twin.counts()["rejected_by_reason"]
+
+
+@pytest.mark.parametrize("ac, code", [("none", 2), ("full", 0)])
+def test_estimate_refuses_compiled_tp_without_ac_on_gloo(tmp_path, capsys, ac, code):
+    import yaml
+
+    d = _plan_dict("1F1B", ac)
+    d["parallel"].update(tp=2, pp=1, pp_virtual_stages=1)
+    d["compile"] = True
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(d))
+    assert cli.main(["estimate", "--plan", str(path)]) == code
+    err = capsys.readouterr().err.strip()
+    if code:
+        assert len(err.splitlines()) == 1 and "error: compile: true cannot run on gloo" in err and "DTensor's backward" in err, err
+    else:
+        assert err == ""

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from meshplan.cost_models.pipeline import bound_kind, linear_bound_rows, makespan_lower_bound, simulate
-from meshplan.planner.constraints import microbatch_reason
+from meshplan.specs.rules import microbatch_reason
 from meshplan.planner.sac_ilp import SacItems, best_subset, pareto_subsets, solve_sac_ilp
 from meshplan.planner.stage_split import balanced_split, brute_force_split, max_stage_time
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS

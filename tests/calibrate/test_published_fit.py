@@ -1,0 +1,64 @@
+"""The published-table fit (cost_models/crossval.fit, behind `meshplan validate --cross`) on meshplan's copy
+of TorchTitan's H100 tables: measured runs not made by the cost model, checked against what a least-squares
+fit must satisfy whatever the model says: it is no worse than where it started, it stays inside the
+physical range of each constant, and on a two-row table a constant only one row depends on is brute-force
+optimal and leaves the other row alone."""
+
+from __future__ import annotations
+
+import math
+
+from meshplan.cost_models import crossval
+from meshplan.cost_models.crossval import fit, row_errors, training_rows, transform_of
+
+PROFILE = "h100-96g-gt"
+TABLE_1 = "TorchTitan H100 (Table 1)"  # Llama 3.1 8B on 8 GPUs: FSDP, + compile, + Float8
+TABLE_4 = "TorchTitan H100 (Table 4)"  # Llama 3.1 70B on 256 GPUs, FSDP 32 x TP 8: without and with async TP
+
+# What each constant means bounds it, independently of the registry's fit bounds: a fraction of the peak
+# or of a collective hidden lies in [0, 1]; torch.compile does not slow the fused kernels down.
+PHYSICAL = {"device.sustained_fraction": (0.0, 1.0), "overheads.fsdp_overlap": (0.0, 1.0),
+            "overheads.tp_async_overlap": (0.0, 1.0), "overheads.compile_speedup": (1.0, math.inf)}
+
+
+def _rows(table: str):
+    rows = [r for r in training_rows() if r.table == table]
+    assert rows and all(r.plan.cluster == PROFILE for r in rows)
+    return rows
+
+
+def _msle(errs) -> float:
+    """The mean squared log error of step time, written here from its definition."""
+    return sum(math.log(1 + e.step) ** 2 for e in errs) / len(errs)
+
+
+def test_fit_on_a_published_table_improves_and_stays_physical():
+    rows = _rows(TABLE_1)
+    fitted = fit(rows)
+    assert {name for name, _ in fitted} == {"device.sustained_fraction", "overheads.compile_speedup",
+                                            "overheads.fsdp_overlap"}
+    for (name, profile), value in fitted.items():
+        lo, hi = PHYSICAL[name]
+        assert profile == PROFILE and lo <= value <= hi, (name, value)
+    # Start: the built-in profile's values. A fit on these rows must not end worse on them.
+    assert _msle(row_errors(rows, transform_of(fitted))) <= _msle(row_errors(rows)) + 1e-12
+
+
+def test_two_row_fit_of_a_constant_one_row_depends_on(monkeypatch):
+    """Table 4's rows differ only in async TP, so tp_async_overlap moves the second row alone. Fitted by
+    itself, its least-squares optimum is wherever that row's error is smallest: found here by brute force
+    on a grid of [0, 1] in steps of 0.01, and the first row's error must not change at all."""
+    rows = _rows(TABLE_4)
+    assert [r.plan.parallel.async_tp for r in rows] == [False, True]
+    only = [t for t in crossval.fit_targets() if t.constant.name == "overheads.tp_async_overlap"]
+    monkeypatch.setattr(crossval, "fit_targets", lambda: only)
+    fitted = fit(rows)
+    key = ("overheads.tp_async_overlap", PROFILE)
+    assert list(fitted) == [key]
+    got = row_errors(rows, transform_of(fitted))
+    start = row_errors(rows)
+    assert got[0].step == start[0].step
+    best = min(abs(math.log(1 + row_errors(rows[1:], transform_of({key: i / 1000}))[0].step))
+               for i in range(0, 1001, 10))
+    assert abs(math.log(1 + got[1].step)) <= best + 1e-3
+    assert 0.0 <= fitted[key] <= 1.0
