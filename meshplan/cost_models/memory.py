@@ -157,13 +157,16 @@ def loss_buffer_bytes(lay: Layout) -> float:
 
 def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
     """Unsharded parameters and gradients FSDP materialises (compute dtype; float8 gathers 1 byte)."""
-    if lay.fsdp_shard == 1:
-        if lay.dp_replicate == 1:
-            return 0.0
+    if lay.fsdp_shard == 1 and lay.dp_replicate > 1:
         # Replicated (DDP via FSDP2's replicate, or DDP's gradient buckets): one more full
         # parameter-sized buffer in the compute dtype, plus a block's gradients in flight.
         return sp.total * lay.act_bytes + 2 * sp.block * lay.act_bytes
-    gather_bytes = 1.0 if lay.float8 else lay.act_bytes
+    if lay.fsdp_shard == 1 and lay.dtype == "fp32":
+        return 0.0  # no data parallelism and no casts: the parameters are the compute copies
+    # FSDP, and a bf16 plan without data parallelism, which the runtime still wraps in fully_shard on
+    # one rank for its mixed precision (runtime/data_parallel.py): the same bf16 copies are gathered.
+    # float8 parameters are gathered in 1 byte only where there is a group to gather over (runtime/parallelize.py)
+    gather_bytes = 1.0 if lay.float8 and lay.fsdp_shard > 1 else lay.act_bytes
     grad_bytes = lay.act_bytes
     # Root module (embedding, final norm, head) stays unsharded for the whole step.
     root = (sp.embedding + sp.head) * lay.act_bytes
