@@ -102,7 +102,7 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
         "device.memory_bandwidth_gbs": "measured: copy of a buffer far larger than the last-level cache, "
                                        "(read + write bytes) / time, median over ranks",
         "device.memory_bound_efficiency": "measured: eager c = a * b bandwidth / copy bandwidth",
-        "device.matmul": f"measured: torch.mm over {len(raw.matmul_points)} (shape, dtype) points from transformer "
+        "device.matmul": f"measured: {_matmul_ops(raw.dtypes)} over {len(raw.matmul_points)} (shape, dtype) points from transformer "
                          f"projections at TP degrees; median over ranks run concurrently; fit rms log error "
                          f"{mm_fit.rms_log_error:.3f}" + ("; " + "; ".join(raw.notes) if raw.notes else ""),
         "device.attention": f"measured: F.scaled_dot_product_attention(is_causal=True) in {raw.attention_dtype}; "
@@ -117,6 +117,22 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
     }
     prov["overheads.in_step"] = _in_step_source(raw)
     return device, prov
+
+
+def _matmul_ops(dtypes: list[str]) -> str:
+    if "fp8" not in dtypes:
+        return "torch.mm"
+    return ("torch.mm (fp8: torch._scaled_mm, float8_e4m3fn operands with per-tensor float32 scales, bf16 "
+            "out, casts not timed)")
+
+
+def matmul_summary(points: list[dict], notes: list[str]) -> str:
+    """One line for the printed summary: the best measured rate per dtype, then what was not measured."""
+    best: dict[str, float] = {}
+    for p in points:
+        best[p["dtype"]] = max(best.get(p["dtype"], 0.0), p["tflops"])
+    rates = ", ".join(f"{dt} {v:.4g}" for dt, v in best.items())
+    return f"matmul best TFLOP/s: {rates}" + "".join(f"; {n}" for n in notes if "matmul not measured" in n)
 
 
 def _links_section(fits: dict, measured_levels: list[str], node_link: str, network_link: str,
@@ -278,6 +294,7 @@ def build_and_write(env: BenchEnv, opts: WorkerOptions, raw: RawResults, rep: Re
             bw, _ = f.line_for(float("inf"))
             print(f"{level:<10} {c:<15} {bw:>10.3g} {f.latency_us:>10.4g}")
     d = profile.device
+    print(f"\n{matmul_summary(raw.matmul_points, raw.notes)}")
     print(f"\ndevice {d.name}: peak {d.peak_tflops} TFLOP/s, matmul max_fraction {d.matmul.max_fraction} "
           f"half_dim {d.matmul.half_dim:g}, attention {d.attention.max_fraction:g} half_seq {d.attention.half_seq:g}, "
           f"copy {d.memory_bandwidth_gbs:g} GB/s, usable {d.usable_memory_gib:g} / {d.memory_gib:g} GiB")

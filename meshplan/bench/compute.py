@@ -13,6 +13,10 @@ from meshplan.bench.progress import Reporter
 from meshplan.bench.timing import Budget, time_local
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8 tensor cores: Ada (8.9) and Hopper (9.0) and later; torch._scaled_mm refuses fp8 below 8.9
+FP8_MIN_CAPABILITY = (8, 9)
+# cuBLASLt fp8 GEMMs need every dimension a multiple of 16 (torch's _scaled_mm checks it on CUDA)
+FP8_DIM_MULTIPLE = 16
 # bf16 is dropped on a CPU that runs it at under this fraction of its fp32 rate (no native bf16 GEMM)
 CPU_BF16_MIN_RATIO = 0.25
 
@@ -42,18 +46,64 @@ def _matmul_once(m: int, n: int, k: int, dtype: torch.dtype, device: torch.devic
     return 2.0 * m * n * k / meas.median_s / 1e12, meas.spread
 
 
+def fp8_supported(device: torch.device, capability: tuple[int, int] | None) -> bool:
+    """fp8 matmul is measured on CUDA devices of compute capability >= 8.9 (H100/H200/B200, L40S)."""
+    return device.type == "cuda" and capability is not None and tuple(capability) >= FP8_MIN_CAPABILITY
+
+
+def _fp8_note(env: BenchEnv, capability: tuple[int, int] | None) -> str | None:
+    """Why fp8 is not measured here, or None when it is."""
+    if fp8_supported(env.device, capability):
+        return None
+    if not env.is_cuda:
+        return "fp8 matmul not measured (CPU: no fp8 GEMM units; float8 plans are priced only where a profile has fp8)"
+    return (f"fp8 matmul not measured (compute capability {capability[0]}.{capability[1]} < "
+            f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]})")
+
+
 def choose_dtypes(env: BenchEnv, settings: ComputeSettings) -> tuple[list[str], list[str]]:
     """Dtypes to measure and notes on those left out."""
     if env.is_cuda:
-        # TF32 off so fp32 means fp32; fp8 needs scaled GEMMs and is not measured here
+        # TF32 off so fp32 means fp32
         torch.backends.cuda.matmul.allow_tf32 = False
-        return ["bf16", "fp32"], ["fp8 / tf32 / fp16 matmul not measured"]
+        capability = torch.cuda.get_device_capability(env.device)
+        fp8 = _fp8_note(env, capability)
+        # fp8 before fp32: float8 plans need it, and a tight budget cuts the last dtype first
+        dtypes = ["bf16", "fp32"] if fp8 else ["bf16", "fp8", "fp32"]
+        return dtypes, ["tf32 / fp16 matmul not measured"] + ([fp8] if fp8 else [])
+    notes = [_fp8_note(env, None)]
     probe = ComputeSettings(target_s=0.02, min_reps=2)
     fp32, _ = _matmul_once(256, 256, 256, torch.float32, env.device, probe, env.sync)
     bf16, _ = _matmul_once(256, 256, 256, torch.bfloat16, env.device, probe, env.sync)
     if env.agree(bf16 >= CPU_BF16_MIN_RATIO * fp32):
-        return ["fp32", "bf16"], []
-    return ["fp32"], [f"bf16 left out: {bf16 * 1e3:.1f} GFLOP/s vs fp32 {fp32 * 1e3:.1f} GFLOP/s at 256^3 (no native bf16 GEMM)"]
+        return ["fp32", "bf16"], notes
+    return ["fp32"], [f"bf16 left out: {bf16 * 1e3:.1f} GFLOP/s vs fp32 {fp32 * 1e3:.1f} GFLOP/s at 256^3 (no native bf16 GEMM)"] + notes
+
+
+def fp8_operand(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(float8_e4m3fn data, float32 per-tensor scale) with x ~= data * scale: the tensor's largest
+    magnitude maps to e4m3's largest finite value (448), as torchao's tensorwise recipe does."""
+    fp8_max = torch.finfo(torch.float8_e4m3fn).max
+    amax = x.abs().amax().float().clamp(min=1e-12)  # an all-zero tensor keeps a finite scale
+    scale = amax / fp8_max
+    return (x.float() / scale).clamp(-fp8_max, fp8_max).to(torch.float8_e4m3fn), scale
+
+
+def scaled_matmul(a8: torch.Tensor, a_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """(a8 * a_scale) @ (w8 * w_scale).T in bf16, one fp8 GEMM. `w8` is row-major (n, k), like a Linear
+    weight; its .t() is the column-major (k, n) operand cuBLASLt needs for `b`. The scales are the
+    dequantizing multipliers (torch._scaled_mm's scale_a / scale_b, same in torch 2.11 and 2.13)."""
+    return torch._scaled_mm(a8, w8.t(), scale_a=a_scale, scale_b=w_scale, out_dtype=torch.bfloat16)
+
+
+def _fp8_matmul_once(m: int, n: int, k: int, device: torch.device, settings: ComputeSettings,
+                     sync) -> tuple[float, float]:
+    """(median TFLOP/s, spread) of an fp8 (m, k) @ (k, n) product with per-tensor scales; casts not timed
+    (the cost model prices float8 casts apart from the GEMM)."""
+    a8, sa = fp8_operand(torch.randn(m, k, device=device))
+    w8, sw = fp8_operand(torch.randn(n, k, device=device))
+    meas = time_local(lambda: scaled_matmul(a8, sa, w8, sw), sync, settings.target_s, settings.min_reps)
+    return 2.0 * m * n * k / meas.median_s / 1e12, meas.spread
 
 
 def bench_matmul(env: BenchEnv, shapes: list[tuple[int, int, int]], dtypes: list[str], settings: ComputeSettings,
@@ -61,16 +111,26 @@ def bench_matmul(env: BenchEnv, shapes: list[tuple[int, int, int]], dtypes: list
     """TFLOP/s per shape and dtype; each rank measures its own device at the same time as the others."""
     points = []
     for dt in dtypes:
-        for m, n, k in shapes:
+        for m, n, k in _shapes_for(dt, shapes):
             cost = matmul_cost(m, n, k, est_tflops[dt], settings)
             if not env.agree(budget.allows(cost)):
                 rep.skip(f"matmul {dt} {m}x{n}x{k} and later shapes (time budget)")
                 break
-            tflops, spread = _matmul_once(m, n, k, TORCH_DTYPES[dt], env.device, settings, env.sync)
+            if dt == "fp8":
+                tflops, spread = _fp8_matmul_once(m, n, k, env.device, settings, env.sync)
+            else:
+                tflops, spread = _matmul_once(m, n, k, TORCH_DTYPES[dt], env.device, settings, env.sync)
             est_tflops[dt] = max(est_tflops[dt] * 0.5, tflops)  # keep the cost estimate near reality
             points.append({"m": m, "n": n, "k": k, "dtype": dt, "tflops": tflops, "spread": spread})
             rep.advance(cost)
     return points
+
+
+def _shapes_for(dtype: str, shapes: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """fp8 GEMMs only at shapes cuBLASLt takes (the GPU grid's Llama widths all are)."""
+    if dtype != "fp8":
+        return shapes
+    return [s for s in shapes if all(d % FP8_DIM_MULTIPLE == 0 for d in s)]
 
 
 def matmul_cost(m: int, n: int, k: int, tflops: float, settings: ComputeSettings) -> float:

@@ -22,6 +22,8 @@ from meshplan.bench.shapes import attention_seq_lens, matmul_grid
 from meshplan.bench.timing import Budget
 
 COMPUTE_SHARE = 0.35  # of the time budget, the rest goes to collectives
+# first guesses of a GPU's matmul rate, for the time budget only (about 0.4x an H100's dense peaks)
+GPU_EST_TFLOPS = {"bf16": 400.0, "fp8": 800.0}
 
 
 @dataclass
@@ -87,7 +89,7 @@ def _compute_section(env: BenchEnv, opts: WorkerOptions, budget: Budget, rep: Re
     dtypes, notes = compute.choose_dtypes(env, settings)
     shapes = matmul_grid(env.is_cuda, opts.quick)
     seqs = attention_seq_lens(env.is_cuda, opts.quick)
-    est = {dt: (400.0 if dt == "bf16" else 40.0) if env.is_cuda else (0.05 if dt == "fp32" else 0.01) for dt in dtypes}
+    est = {dt: GPU_EST_TFLOPS.get(dt, 40.0) if env.is_cuda else (0.05 if dt == "fp32" else 0.01) for dt in dtypes}
     total = sum(compute.matmul_cost(m, n, k, est[dt], settings) for dt in dtypes for m, n, k in shapes)
     rep.start("matmul + attention", total + len(seqs) * settings.target_s * 3)
     # shares of the compute budget, so a tight budget still leaves attention and bandwidth some points

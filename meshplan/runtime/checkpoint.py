@@ -15,13 +15,16 @@ A checkpoint is DIR/checkpoints/step-NNNNNNNN/ holding
 
 Publishing: every rank writes into the hidden `.tmp-step-N`; after a barrier rank 0 writes
 meta.json and .complete (fsync'ed), fsyncs the directory and renames it to `step-N` (atomic), then
-fsyncs the parent. A crash at any point leaves either no `step-N` or a complete one, and the
-older checkpoints untouched; `latest` only returns directories holding `.complete`. The run
+fsyncs the parent (where the filesystem allows a directory fsync: FUSE and network volumes refuse
+it), and tells every rank whether publishing worked, so a failure raises CheckpointError on all.
+A crash at any point leaves either no `step-N` or a complete one, and the older checkpoints
+untouched; `latest` only returns directories holding `.complete`. The run
 directory must be on a filesystem every rank sees (as DCP itself requires on several nodes).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -62,10 +65,23 @@ def _state(parts: list[nn.Module], optimizers: list, schedulers: list, step: int
             "train": {"step": step, "data_position": data_position, "lr_scheduler": schedulers[0].state_dict()}}
 
 
-def _fsync_path(path: Path) -> None:
+# fsync of a directory is refused with these by FUSE and network filesystems (the volumes GPU clouds
+# mount as work directories). They give no stronger guarantee to ask for: the rename stays atomic
+# there, and the files themselves were fsync'ed. Any other errno (EIO, ENOSPC, ...) is a real failure.
+DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be published; raised on every rank with one line naming why."""
+
+
+def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in DIR_FSYNC_UNSUPPORTED:
+            raise
     finally:
         os.close(fd)
 
@@ -91,11 +107,25 @@ def save(root: Path, parts: list[nn.Module], optimizers: list, schedulers: list,
     dcp.save(_state(parts, optimizers, schedulers, step, data_position), checkpoint_id=str(tmp))
     maybe_fail("raise_in_save", rank, step)
     dist.barrier()
+    failure: Exception | None = None
     if rank == 0:
-        _publish(tmp, final, {**(meta or {}), "step": step, "data_position": data_position,
-                              "world_size": dist.get_world_size(), "written_at": time.time()})
-    dist.barrier()
+        try:
+            _publish(tmp, final, {**(meta or {}), "step": step, "data_position": data_position,
+                                  "world_size": dist.get_world_size(), "written_at": time.time()})
+        except Exception as exc:  # any failure: it is raised again below, on every rank
+            failure = exc
+    # Rank 0's outcome, on every rank: a failed publish fails the whole run at once rather than
+    # leaving the other ranks in the next collective until the process group times out.
+    outcome = [None if failure is None else _one_line(failure)]
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] is not None:
+        raise CheckpointError(f"checkpoint {final.name} not published: {outcome[0]}") from failure
     return final
+
+
+def _one_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{exc.__class__.__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
 def _remove_stale_temps(ckpt_root: Path) -> None:
@@ -108,14 +138,14 @@ def _remove_stale_temps(ckpt_root: Path) -> None:
 def _publish(tmp: Path, final: Path, meta: dict[str, Any]) -> None:
     _write_synced(tmp / META, json.dumps(meta, indent=1) + "\n")
     _write_synced(tmp / COMPLETE, "")
-    _fsync_path(tmp)
+    _fsync_dir(tmp)
     old = None
     if final.exists():  # re-saving a step (e.g. a run repeated with the same --out): keep the old until replaced
         old = final.with_name(f".old-{final.name}")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync_path(final.parent)
+    _fsync_dir(final.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.errors import InputError
+from meshplan.runtime.checkpoint import CheckpointError
 from meshplan.runtime.metrics import measured_summary, predicted, ratios
 from meshplan.runtime.options import RunOptions
 from meshplan.runtime.train import run_training
@@ -60,11 +61,12 @@ def run_worker(plan: Plan, opts: RunOptions) -> int:
         print(f"meshplan run: restart {restart_count()} after a failure", flush=True)
     try:
         rows = run_training(plan, opts, device)
-    except InputError as exc:
+    except (InputError, CheckpointError) as exc:
+        # every rank raised the same one-line error: rank 0 says it; 2 = bad input, 1 = a failure
         if rank0:
             print(f"meshplan run: error: {exc}", file=sys.stderr)
         dist.destroy_process_group()
-        return 2
+        return 2 if isinstance(exc, InputError) else 1
     if rank0 and opts.out and rows:
         write_summary(plan, opts, rows, device, backend, notes)
     dist.destroy_process_group()

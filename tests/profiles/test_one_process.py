@@ -32,3 +32,6 @@ def test_one_process_measures_the_device_and_borrows_collectives(tmp_path):
     assert "taken from the built-in cpu-gloo" in got.provenance["collectives"]
     # The device itself was measured here: matmul points and a host cost per op.
     assert got.device.matmul.points and got.overheads.op_dispatch_s > 0
+    # A CPU has no fp8 GEMM: the provenance says so, the printed summary too, and no fp8 peak is made up
+    assert "fp8 matmul not measured (CPU" in got.provenance["device.matmul"]
+    assert "fp8" not in got.device.peak_tflops and "matmul best TFLOP/s: fp32 " in res.stdout
