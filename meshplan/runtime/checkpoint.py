@@ -11,7 +11,8 @@ A checkpoint is DIR/checkpoints/step-NNNNNNNN/ holding
     data.py reads the same global batch at a step under every plan),
   - meta.json: the plan it was written under, world size, global batch and sequence length,
   - .complete: written last, after every rank's shards are fsync'ed (DCP's FileSystemWriter
-    fsyncs each file, sync_files=True).
+    fsyncs each file, sync_files=True, where the filesystem accepts a file fsync: some FUSE and
+    network volumes refuse it, and DCP would fail the save; files_can_fsync asks first).
 
 Publishing: every rank writes into the hidden `.tmp-step-N`; after a barrier rank 0 writes
 meta.json and .complete (fsync'ed), fsyncs the directory and renames it to `step-N` (atomic), then
@@ -35,6 +36,7 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
@@ -65,32 +67,51 @@ def _state(parts: list[nn.Module], optimizers: list, schedulers: list, step: int
             "train": {"step": step, "data_position": data_position, "lr_scheduler": schedulers[0].state_dict()}}
 
 
-# fsync of a directory is refused with these by FUSE and network filesystems (the volumes GPU clouds
-# mount as work directories). They give no stronger guarantee to ask for: the rename stays atomic
-# there, and the files themselves were fsync'ed. Any other errno (EIO, ENOSPC, ...) is a real failure.
-DIR_FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
+# fsync is refused with these by some FUSE and network filesystems (the volumes GPU clouds mount as
+# work directories), for directories and on some for files too. They give no stronger guarantee to ask
+# for: the rename stays atomic there. Any other errno (EIO, ENOSPC, ...) is a real failure.
+FSYNC_UNSUPPORTED = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS})
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be published; raised on every rank with one line naming why."""
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _fsync(fd: int) -> bool:
+    """fsync, or False where the filesystem does not support it (FSYNC_UNSUPPORTED); other errors raise."""
     try:
         os.fsync(fd)
     except OSError as exc:
-        if exc.errno not in DIR_FSYNC_UNSUPPORTED:
+        if exc.errno not in FSYNC_UNSUPPORTED:
             raise
+        return False
+    return True
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _fsync(fd)
     finally:
         os.close(fd)
 
 
-def _write_synced(path: Path, text: str) -> None:
+def _write_synced(path: Path, text: str) -> bool:
+    """Write and fsync a file; False where the filesystem refuses file fsync."""
     with open(path, "w") as f:
         f.write(text)
         f.flush()
-        os.fsync(f.fileno())
+        return _fsync(f.fileno())
+
+
+def files_can_fsync(directory: Path, rank: int) -> bool:
+    """Whether this rank's filesystem accepts fsync of a file in `directory`. DCP's writer fsyncs every
+    file it writes and fails the whole save on a refusal, so where it is refused the save asks for none."""
+    probe = directory / f".fsync-probe-{rank}"
+    try:
+        return _write_synced(probe, "")
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def save(root: Path, parts: list[nn.Module], optimizers: list, schedulers: list, step: int, data_position: int,
@@ -104,7 +125,9 @@ def save(root: Path, parts: list[nn.Module], optimizers: list, schedulers: list,
         ckpt_root.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(ckpt_root)
     dist.barrier()
-    dcp.save(_state(parts, optimizers, schedulers, step, data_position), checkpoint_id=str(tmp))
+    writer = FileSystemWriter(str(tmp), sync_files=files_can_fsync(ckpt_root, rank))
+    dcp.save(_state(parts, optimizers, schedulers, step, data_position), storage_writer=writer,
+             checkpoint_id=str(tmp))
     maybe_fail("raise_in_save", rank, step)
     dist.barrier()
     failure: Exception | None = None

@@ -51,6 +51,21 @@ def test_dir_fsync_closes_its_descriptor_when_it_raises(tmp_path, monkeypatch):
     assert len(closed) == 1
 
 
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.ENOTSUP, errno.ENOSYS])
+def test_save_asks_dcp_for_no_file_fsync_where_the_filesystem_refuses_it(tmp_path, monkeypatch, code):
+    monkeypatch.setattr(os, "fsync", _refusing(code))
+    assert checkpoint.files_can_fsync(tmp_path, 0) is False
+    assert list(tmp_path.iterdir()) == []  # the probe file is gone
+
+
+def test_file_fsync_accepted_and_real_failures_raise(tmp_path, monkeypatch):
+    assert checkpoint.files_can_fsync(tmp_path, 3) is True
+    monkeypatch.setattr(os, "fsync", _refusing(errno.EIO))
+    with pytest.raises(OSError) as info:
+        checkpoint.files_can_fsync(tmp_path, 3)
+    assert info.value.errno == errno.EIO and list(tmp_path.iterdir()) == []
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
