@@ -35,15 +35,20 @@ class Convention:
     attention: str = "flash"  # flash | eager
     dropout: bool = False
     sp_regathers: bool = False  # Megatron SP keeps the sharded input and all-gathers it again in backward
+    # RMSNorm without a fused kernel (PyTorch's composite on CPU) in a sub-fp32 dtype: it upcasts, and saves
+    # the fp32 input copy and the fp32 normalised output instead of the input (specs/rules.py rms_norm_kernel)
+    norm_fp32: bool = False
 
 
 PYTORCH = Convention()
 MEGATRON = Convention(attention="eager", dropout=True, sp_regathers=True)
 
 
-def convention_of(attention_kernel: str) -> Convention:
+def convention_of(attention_kernel: str, norm_fp32: bool = False) -> Convention:
     """A layout's convention: eager attention is Megatron-LM's (the only system modelled with it)."""
-    return MEGATRON if attention_kernel == "eager" else PYTORCH
+    if attention_kernel == "eager":
+        return MEGATRON
+    return Convention(norm_fp32=True) if norm_fp32 else PYTORCH
 
 
 def attention_core_only(ac: str, sac_ops, attention: str) -> bool:
@@ -65,8 +70,12 @@ class ActivationTensor:
 def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH) -> list[ActivationTensor]:
     """Tensors a block produces that backward may need, per token (seq_len: keys each query sees)."""
     d, kv, f, a = spec.dim, spec.kv_dim, spec.ffn_dim, spec.n_heads
-    t = [ActivationTensor("block_in", "other", d, "sp"),
+    # A norm's input is what its backward keeps (fused kernel); the fp32 composite keeps fp32 copies instead.
+    norm_in_kept = not conv.norm_fp32
+    t = [ActivationTensor("block_in", "other", d, "sp", no_ac_saved=norm_in_kept),
          ActivationTensor("attn_norm_out", "other", d, "gathered")]
+    if conv.norm_fp32:
+        t += [ActivationTensor("attn_norm_fp32", "other", 2 * d, "sp", 4.0)]
     t += [ActivationTensor("q_mm", "qkv", d, "tp", no_ac_saved=False),
           ActivationTensor("k_mm", "qkv", kv, "tp", no_ac_saved=False),
           ActivationTensor("v_mm", "qkv", kv, "tp", no_ac_saved=False)]
@@ -87,8 +96,10 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH) -> 
           ActivationTensor("attn_out_rs", "attn_out", d, "sp", no_ac_saved=False)]
     if conv.dropout:
         t += [ActivationTensor("attn_resid_dropout_mask", "other", d, "sp", 1.0)]
-    t += [ActivationTensor("ffn_norm_in", "other", d, "sp"),
+    t += [ActivationTensor("ffn_norm_in", "other", d, "sp", no_ac_saved=norm_in_kept),
           ActivationTensor("ffn_norm_out", "other", d, "gathered")]
+    if conv.norm_fp32:
+        t += [ActivationTensor("ffn_norm_fp32", "other", 2 * d, "sp", 4.0)]
     if spec.arch == "llama":
         t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_in_1", "ffn_in", f, "tp"),
               ActivationTensor("ffn_act", "other", f, "tp"), ActivationTensor("ffn_gated", "other", f, "tp")]

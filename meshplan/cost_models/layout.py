@@ -7,7 +7,7 @@ from functools import lru_cache
 
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
-from meshplan.specs.rules import cp_attention_kind, cp_kv_repeated, profile_backend
+from meshplan.specs.rules import COMPOSITE, cp_attention_kind, cp_kv_repeated, profile_backend, rms_norm_kernel
 
 DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
 
@@ -55,6 +55,9 @@ class Layout:
     # runtime on gloo) | ring (PyTorch's context_parallel: a ring step per rank, each merged in fp32;
     # meshplan's runtime on NCCL, and TorchTitan). runtime_paths() sets it from the cluster's backend.
     cp_attention: str = "gather"
+    # Whether RMSNorm saves fp32 copies for its backward (no fused kernel on the backend, sub-fp32 dtype):
+    # runtime_paths() sets it from the cluster's backend (specs/rules.py rms_norm_kernel).
+    norm_fp32: bool = False
 
     @property
     def dp(self) -> int:
@@ -114,10 +117,13 @@ def even_split(n_layers: int, n_stages: int) -> tuple[int, ...]:
 
 
 def runtime_paths(lay: Layout, prof) -> Layout:
-    """`lay` with the CP attention path meshplan's runtime takes on the profile's backend (ring on
-    NCCL, gather on gloo; specs/rules.py), so the estimate prices what `meshplan run` runs."""
-    kind = cp_attention_kind(profile_backend(prof.provenance))
-    return lay.with_(cp_attention=kind, kv_repeated=cp_kv_repeated(kind))
+    """`lay` with the CP attention path and the RMSNorm kernel meshplan's runtime takes on the profile's
+    backend (ring and fused on NCCL, gather and fp32 composite on gloo; specs/rules.py), so the estimate
+    prices what `meshplan run` runs."""
+    backend = profile_backend(prof.provenance)
+    kind = cp_attention_kind(backend)
+    norm_fp32 = lay.spec.arch == "llama" and lay.dtype != "fp32" and rms_norm_kernel(backend) == COMPOSITE
+    return lay.with_(cp_attention=kind, kv_repeated=cp_kv_repeated(kind), norm_fp32=norm_fp32)
 
 
 def layout_of(plan: Plan) -> Layout:

@@ -31,6 +31,16 @@ def cp_attention_kind(backend: str) -> str:
     return RING if backend == NCCL else GATHER
 
 
+FUSED, COMPOSITE = "fused", "composite"
+
+
+def rms_norm_kernel(backend: str) -> str:
+    """How nn.RMSNorm runs: PyTorch's fused kernel on CUDA (it keeps the input and one fp32 scale per
+    token for backward); on CPU its composite, which in bf16 upcasts and keeps the fp32 input copy
+    and the fp32 normalised output (both seen with saved-tensor hooks on torch 2.13)."""
+    return FUSED if backend == NCCL else COMPOSITE
+
+
 def cp_kv_repeated(kind: str) -> bool:
     """Whether K/V reach CP attention expanded to every query head. The ring path expands them:
     under DTensor's SDPA dispatch the kernel is chosen on global shapes, and only some kernels

@@ -1,0 +1,48 @@
+"""The activation inventory (cost_models/activations.py) against what autograd really keeps for one of
+the runtime's blocks on this CPU: every tensor saved for backward, counted once per storage,
+parameters and RoPE's tables aside. In bf16 PyTorch's RMSNorm composite keeps fp32 copies, which the
+estimate prices on gloo profiles (specs/rules.py rms_norm_kernel)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from meshplan.cost_models.activations import activation_bytes_per_token, convention_of
+from meshplan.runtime.model import Transformer
+from meshplan.specs.registry import resolve_model
+
+SPEC = resolve_model("tiny-4l")
+BATCH, SEQ = 8, 256
+
+
+def saved_bytes_per_token(dtype: torch.dtype) -> float:
+    block = list(Transformer(SPEC).layers.values())[0].to(dtype)
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and t.dim() >= 2 and t.numel() >= BATCH * SEQ:  # activations, not RoPE's (seq, d/2) tables
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randn(BATCH, SEQ, SPEC.dim, dtype=dtype, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x)
+    return sum(seen.values()) / (BATCH * SEQ)
+
+
+@pytest.mark.parametrize("dtype, norm_fp32", [(torch.float32, False), (torch.bfloat16, True)])
+def test_inventory_matches_what_autograd_saves(dtype, norm_fp32):
+    act_bytes = torch.finfo(dtype).bits / 8
+    predicted = activation_bytes_per_token(SPEC, SEQ, 1, False, "none", None, act_bytes,
+                                           convention_of("flash", norm_fp32))
+    measured = saved_bytes_per_token(dtype)
+    assert abs(predicted / measured - 1) <= 0.08, (predicted, measured)
+
+
+def test_bf16_without_the_fp32_norm_copies_would_be_underpriced():
+    """The same check fails for the fused-kernel inventory on CPU: the composite's copies are real."""
+    fused = activation_bytes_per_token(SPEC, SEQ, 1, False, "none", None, 2.0, convention_of("flash"))
+    assert fused / saved_bytes_per_token(torch.bfloat16) - 1 < -0.15
