@@ -63,6 +63,8 @@ def _print_breakdown(plan: Plan, est: Estimate) -> None:
     print(f"extrapolated   {'YES' if band.extrapolated else 'no':>10}  {band.extrapolation}")
     fit = "fits" if est.fits else "DOES NOT FIT"
     print(f"peak memory    {est.peak_memory_gib:10.2f} GiB of {est.usable_memory_gib:.1f} usable ({fit})")
+    print(f"  allocated {est.allocated_peak_gib:.2f} GiB (tensors), reserved {est.reserved_peak_gib:.2f} GiB "
+          f"(+ allocator slack), + {est.context_gib:.2f} GiB context")
     print("\ntime per step (s):")
     for k, v in est.time_s.items():
         print(f"  {k:<16} {v:10.4f}  {v / est.step_time_s:6.1%}")

@@ -58,7 +58,7 @@ def row_errors(rows: list[PublishedRow], transform: Transform | None = None) -> 
         step = value / row.published - 1 if row.metric.startswith("layer_") else row.published / value - 1
         mem = None
         if row.published_memory_gib is not None and est is not None:
-            mem = est.peak_memory_gib / row.published_memory_gib - 1
+            mem = est.reserved_peak_gib / row.published_memory_gib - 1  # published: max reserved
         out.append(RowError(row.table, row.label, step, mem))
     return out
 
@@ -176,9 +176,11 @@ def _golden(f: Callable[[float], float], lo: float, hi: float, iterations: int =
     return best[1]
 
 
-def _objective(errs: list[RowError]) -> float:
-    """Mean squared log error of step time: symmetric in over- and under-prediction."""
-    return statistics.fmean(math.log1p(e.step) ** 2 for e in errs)
+def _objective(errs: list[RowError], memory: bool = False) -> float:
+    """Mean squared log error of step time (or of peak memory, for a memory constant): symmetric in
+    over- and under-prediction."""
+    vals = [e.memory if memory else e.step for e in errs]
+    return statistics.fmean(math.log1p(v) ** 2 for v in vals if v is not None)
 
 
 def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = None) -> dict[tuple[str, str], float]:
@@ -189,13 +191,14 @@ def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = 
     for _ in range(MAX_SWEEPS):
         moved = 0.0
         for t in fit_targets():
-            mine = [r for r in rows if r.table in t.tables and r.plan.cluster == t.profile]
+            mine = [r for r in rows if r.table in t.tables and r.plan.cluster == t.profile
+                    and (t.constant.time or r.published_memory_gib is not None)]
             if not mine:
                 continue  # no row to fit on: keeps its built-in value
             key = (t.constant.name, t.profile)
 
-            def loss(v: float, key=key, mine=mine) -> float:
-                return _objective(row_errors(mine, transform_of({**values, key: v})))
+            def loss(v: float, key=key, mine=mine, memory=not t.constant.time) -> float:
+                return _objective(row_errors(mine, transform_of({**values, key: v})), memory)
             lo, hi = t.constant.bounds
             new = _golden(loss, lo, hi)
             start = values.get(key, t.constant.get(load_profile(t.profile)))

@@ -41,6 +41,14 @@ class Estimate:
     usable_memory_gib: float = 0.0
     mfu_peak: str = "bf16 dense"  # the peak `mfu` is measured against
     mfu_fp8: float | None = None  # float8 plans: model FLOPs against the dense fp8 peak
+    context_gib: float = 0.0  # the process's CUDA/NCCL context, outside the caching allocator
+
+    @property
+    def reserved_peak_gib(self) -> float:
+        """What the caching allocator holds at the peak, live tensors plus its slack: what
+        torch.cuda.max_memory_reserved (and TorchTitan's memory column) measures. peak_memory_gib adds
+        the context on top of it; that sum is what must fit."""
+        return self.peak_memory_gib - self.context_gib
 
     @property
     def allocated_peak_gib(self) -> float:
@@ -57,6 +65,8 @@ class Estimate:
             "mfu": self.mfu,
             "hfu": self.hfu,
             "peak_memory_gib": self.peak_memory_gib,
+            "reserved_peak_memory_gib": self.reserved_peak_gib,
+            "allocated_peak_memory_gib": self.allocated_peak_gib,
             "usable_memory_gib": self.usable_memory_gib,
             "fits": self.fits,
             "memory_gib": self.memory_gib,
@@ -272,6 +282,7 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
         usable_memory_gib=usable,
         mfu_peak=f"{peak_name} dense",
         mfu_fp8=mfu_fp8,
+        context_gib=prof.overheads.context_gib,
     )
 
 

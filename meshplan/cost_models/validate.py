@@ -67,8 +67,8 @@ def validation_results() -> list[dict]:
         rec = {"table": row.table, "label": row.label, "metric": row.metric, "published": row.published,
                "predicted": value, "error": value / row.published - 1}
         if row.published_memory_gib is not None:
-            rec.update(published_memory_gib=row.published_memory_gib, predicted_memory_gib=est.peak_memory_gib,
-                       memory_error=est.peak_memory_gib / row.published_memory_gib - 1)
+            rec.update(published_memory_gib=row.published_memory_gib, predicted_memory_gib=est.reserved_peak_gib,
+                       memory_error=est.reserved_peak_gib / row.published_memory_gib - 1)
         out.append(rec)
     for c in collective_rows():
         if c.skipped:

@@ -53,7 +53,7 @@ def summary_rows(summary: dict[str, Any]) -> list[SummaryRow]:
         SummaryRow(f"MFU % ({p.get('mfu_peak', 'device peak')})", _mfu_percent(mfu_m), _mfu_percent(mfu_p), ".1f"),
         SummaryRow("peak memory allocated (GiB)", alloc_m, alloc_p, ".3f"),
     ]
-    if m.get("peak_memory_reserved_gib") is not None or p.get("peak_memory_reserved_gib") is not None:
+    if m.get("peak_memory_reserved_gib") is not None:  # CUDA only: the CPU allocator keeps no cache
         rows.append(SummaryRow("peak memory reserved (GiB)", m.get("peak_memory_reserved_gib"),
                                p.get("peak_memory_reserved_gib"), ".3f"))
     return rows

@@ -151,6 +151,7 @@ def predicted(plan: Any) -> tuple[dict | None, str | None]:
         est = estimate_plan(plan, load_profile(plan.cluster))
         return {"step_time_s": est.step_time_s, "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu, "mfu": est.mfu,
                 "peak_memory_gib": est.peak_memory_gib, "peak_memory_allocated_gib": est.allocated_peak_gib,
+                "peak_memory_reserved_gib": est.reserved_peak_gib,
                 "memory_gib": dict(getattr(est, "memory_gib", {}) or {}),
                 "dtype": str(plan.training.dtype), "cluster": str(plan.cluster)}, None
     except Exception as exc:
