@@ -45,9 +45,8 @@ class Estimate:
 
     @property
     def reserved_peak_gib(self) -> float:
-        """What the caching allocator holds at the peak, live tensors plus its slack: what
-        torch.cuda.max_memory_reserved (and TorchTitan's memory column) measures. peak_memory_gib adds
-        the context on top of it; that sum is what must fit."""
+        """Live tensors plus the caching allocator's slack: what max_memory_reserved (and TorchTitan's memory
+        column) measures; peak_memory_gib adds the context, and that sum is what must fit."""
         return self.peak_memory_gib - self.context_gib
 
     @property
