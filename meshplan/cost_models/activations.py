@@ -38,16 +38,22 @@ class Convention:
     # RMSNorm without a fused kernel (PyTorch's composite on CPU) in a sub-fp32 dtype: it upcasts, and saves
     # the fp32 input copy and the fp32 normalised output instead of the input (specs/rules.py rms_norm_kernel)
     norm_fp32: bool = False
+    # torch.compile'd blocks: AOTAutograd's min-cut partitioner recomputes the cheap pointwise outputs
+    # (SiLU's, the residual sum before the FFN norm) in backward instead of keeping them, and fuses the
+    # norms (no fp32 copies). Seen with saved-tensor hooks on a compiled runtime block, fp32 and bf16.
+    compiled: bool = False
 
 
 PYTORCH = Convention()
 MEGATRON = Convention(attention="eager", dropout=True, sp_regathers=True)
 
 
-def convention_of(attention_kernel: str, norm_fp32: bool = False) -> Convention:
+def convention_of(attention_kernel: str, norm_fp32: bool = False, compiled: bool = False) -> Convention:
     """A layout's convention: eager attention is Megatron-LM's (the only system modelled with it)."""
     if attention_kernel == "eager":
         return MEGATRON
+    if compiled:
+        return Convention(compiled=True)
     return Convention(norm_fp32=True) if norm_fp32 else PYTORCH
 
 
@@ -96,13 +102,14 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH) -> 
           ActivationTensor("attn_out_rs", "attn_out", d, "sp", no_ac_saved=False)]
     if conv.dropout:
         t += [ActivationTensor("attn_resid_dropout_mask", "other", d, "sp", 1.0)]
-    t += [ActivationTensor("ffn_norm_in", "other", d, "sp", no_ac_saved=norm_in_kept),
+    t += [ActivationTensor("ffn_norm_in", "other", d, "sp", no_ac_saved=norm_in_kept and not conv.compiled),
           ActivationTensor("ffn_norm_out", "other", d, "gathered")]
     if conv.norm_fp32:
         t += [ActivationTensor("ffn_norm_fp32", "other", 2 * d, "sp", 4.0)]
     if spec.arch == "llama":
         t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_in_1", "ffn_in", f, "tp"),
-              ActivationTensor("ffn_act", "other", f, "tp"), ActivationTensor("ffn_gated", "other", f, "tp")]
+              ActivationTensor("ffn_act", "other", f, "tp", no_ac_saved=not conv.compiled),
+              ActivationTensor("ffn_gated", "other", f, "tp")]
     else:
         t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_act", "other", f, "tp")]
     t += [ActivationTensor("ffn_out_mm", "ffn_out", d, "none", no_ac_saved=False),

@@ -82,7 +82,7 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     transient = 0.0
     if lay.ac != "none":
         transient = tokens * recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes,
-                                                            convention_of(lay.attention_kernel, lay.norm_fp32))
+                                                            convention_of(lay.attention_kernel, lay.norm_fp32, lay.compile))
     if sp.head:
         transient = max(transient, loss_buffer_bytes(lay))
     mem.parts["transient"] = transient
@@ -110,7 +110,7 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
 def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
     """One in-flight unit: one stage's layers for one micro-batch, plus the hidden state handed on."""
     per_layer = activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
-                                           lay.sac_ops, lay.act_bytes, convention_of(lay.attention_kernel, lay.norm_fp32))
+                                           lay.sac_ops, lay.act_bytes, convention_of(lay.attention_kernel, lay.norm_fp32, lay.compile))
     return lay.tokens_per_micro * (per_layer * sp.layers / lay.v + lay.hidden_bytes_per_token)
 
 
