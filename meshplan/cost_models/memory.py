@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from meshplan.cost_models.activations import activation_bytes_per_token, convention_of, recompute_peak_bytes_per_token
+from meshplan.cost_models.activations import (Convention, activation_bytes_per_token, convention_of,
+                                              recompute_peak_bytes_per_token)
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import Overheads
@@ -82,7 +83,7 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     transient = 0.0
     if lay.ac != "none":
         transient = tokens * recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes,
-                                                            convention_of(lay.attention_kernel, lay.norm_fp32, lay.compile))
+                                                            _convention(lay))
     if sp.head:
         transient = max(transient, loss_buffer_bytes(lay))
     mem.parts["transient"] = transient
@@ -107,10 +108,15 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     return mem
 
 
+def _convention(lay: Layout) -> Convention:
+    """Which tensors a block keeps on this layout's kernels (eager or compiled, fused or composite norm)."""
+    return convention_of(lay.attention_kernel, lay.norm_fp32, lay.compile)
+
+
 def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
     """One in-flight unit: one stage's layers for one micro-batch, plus the hidden state handed on."""
     per_layer = activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
-                                           lay.sac_ops, lay.act_bytes, convention_of(lay.attention_kernel, lay.norm_fp32, lay.compile))
+                                           lay.sac_ops, lay.act_bytes, _convention(lay))
     return lay.tokens_per_micro * (per_layer * sp.layers / lay.v + lay.hidden_bytes_per_token)
 
 
