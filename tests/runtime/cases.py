@@ -22,10 +22,18 @@ def plan(model: str = "tiny", *, memory: dict | None = None, **parallel: Any) ->
     return out
 
 
+def longer(case: dict[str, Any], seq_len: int) -> dict[str, Any]:
+    """The same case on longer sequences (more activation memory per step, same buffers)."""
+    out = copy.deepcopy(case)
+    out["training"]["seq_len"] = seq_len
+    return out
+
+
 def pp(schedule: str, virtual: int, **kw: Any) -> dict[str, Any]:
     return plan("tiny-4l", pp=2, pp_schedule=schedule, pp_virtual_stages=virtual, **kw)
 
 
+AC_SEQ_LEN = 128
 TWO_RANK: dict[str, dict[str, Any]] = {
     "ddp": plan(dp_replicate=2),
     "fsdp2": plan(dp_shard=2),
@@ -44,8 +52,10 @@ TWO_RANK: dict[str, dict[str, Any]] = {
     "pp_uneven_layers": plan("tiny-4l", pp=2, pp_schedule="1F1B", pp_layers=[1, 3]),
     "cp": plan(cp=2),
     "cp_gpt": plan("tiny-gpt", cp=2),
-    "fsdp2_ac_full": plan(dp_shard=2, memory={"activation_checkpointing": "full"}),
-    "fsdp2_ac_selective": plan(dp_shard=2, memory={"activation_checkpointing": "selective"}),
+    # The activation-checkpointing trio runs seq 128 (see test_activation_checkpointing_lowers_peak_memory).
+    "fsdp2_ac_none": longer(plan(dp_shard=2), AC_SEQ_LEN),
+    "fsdp2_ac_full": longer(plan(dp_shard=2, memory={"activation_checkpointing": "full"}), AC_SEQ_LEN),
+    "fsdp2_ac_selective": longer(plan(dp_shard=2, memory={"activation_checkpointing": "selective"}), AC_SEQ_LEN),
     "tp_sp_ac_selective_ops": plan(tp=2, sequence_parallel=True,
                                    memory={"activation_checkpointing": "selective", "sac_ops": ["attention", "ffn_out"]}),
 }

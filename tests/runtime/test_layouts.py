@@ -53,7 +53,7 @@ REL_TOL = 1e-4
 WORLD_TIMEOUT_S = 420
 # Peak memory is measured for every case (on the warm-up steps, which include the optimizer's
 # first step) and compared with the cost model's prediction.
-TRACK_MEMORY = {"fsdp2", "fsdp2_ac_full", "fsdp2_ac_selective"}
+TRACK_MEMORY = {"fsdp2_ac_none", "fsdp2_ac_full", "fsdp2_ac_selective"}
 MEMORY_TOLERANCE = 0.15
 BF16_STEPS = 2
 BF16_SAME_ROUNDING = 1e-5
@@ -165,9 +165,16 @@ def test_float8_matches_single_process_float8(results):
 
 
 def test_activation_checkpointing_lowers_peak_memory(results):
-    """Same losses (checked above) and less memory: none > selective > full."""
+    """Same losses (checked above) and less memory: none > selective > full, each step by more
+    than one FSDP2 unit's all-gather buffer (the tiny model's largest, the root's embedding and
+    output weights, 32,832 fp32 = 0.13 MiB): whether such a buffer is still alive at the peak
+    depends on when gloo finishes a collective, so peaks move by up to that much from run to run
+    (0.13 MiB seen in CI). At seq 128 the gaps are 0.85 and 0.44 MiB; at seq 32 the
+    selective-to-full gap was 0.11 MiB, inside that jitter."""
+    jitter = 32_832 * 4 / 2**30
     peak = {name: max(results[name]["peak_memory_gib"]) for name in TRACK_MEMORY}
-    assert peak["fsdp2"] > peak["fsdp2_ac_selective"] > peak["fsdp2_ac_full"], peak
+    assert peak["fsdp2_ac_none"] - peak["fsdp2_ac_selective"] > jitter, peak
+    assert peak["fsdp2_ac_selective"] - peak["fsdp2_ac_full"] > jitter, peak
 
 
 ALL_CASES = {**TWO_RANK, **FOUR_RANK, **FLOAT8}
