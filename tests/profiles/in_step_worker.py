@@ -2,6 +2,7 @@
 model's collectives with torch.profiler, then measures the per-call sync time (quick settings)."""
 
 import json
+import os
 import sys
 
 import torch
@@ -38,3 +39,6 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    # as meshplan's own workers end (meshplan/__main__.py): no interpreter finalisation after the work
+    sys.stdout.flush()
+    os._exit(0)
