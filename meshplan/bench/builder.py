@@ -66,20 +66,27 @@ def fit_collectives(points: list[dict], levels: list[str]) -> tuple[dict, dict]:
     return fits, errors
 
 
+def _dtypes_of(points: list[dict]) -> str:
+    return " and ".join(sorted({p["dtype"] for p in points}, key=lambda d: (d != "fp32", d)))
+
+
 def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
     best = {dt: max(p["tflops"] for p in raw.matmul_points if p["dtype"] == dt)
             for dt in raw.dtypes if any(p["dtype"] == dt for p in raw.matmul_points)}
     if not best:
         raise InputError("--time-budget", "no matmul measurement finished: allow more time")
-    if not raw.attention_points:
+    if not any(p["dtype"] == raw.attention_dtype for p in raw.attention_points):
         raise InputError("--time-budget", "no attention measurement finished: allow more time")
     guess = gpu_datasheet_peaks(raw.device_name) if env.is_cuda else cpu_peaks(cores_per_device(env.local_world), list(best))
     peaks = resolve_peaks(guess, best)
     mm_fit = fit.fit_matmul(raw.matmul_points, peaks.tflops)
     att_peak = peaks.tflops[raw.attention_dtype]
-    fractions = [p["tflops"] / att_peak for p in raw.attention_points]
-    att_fit = fit.fit_attention([p["seq_len"] for p in raw.attention_points], fractions)
-    ratios = [p["bwd_tflops"] / p["tflops"] for p in raw.attention_points]
+    # max_fraction describes the kernel at its largest head measured (128 on GPUs, like the models)
+    primary = [p for p in raw.attention_points if p["dtype"] == raw.attention_dtype]
+    fitted = [p for p in primary if p["head_dim"] == max(q["head_dim"] for q in primary)]
+    fractions = [p["tflops"] / att_peak for p in fitted]
+    att_fit = fit.fit_attention([p["seq_len"] for p in fitted], fractions)
+    ratios = [p["bwd_tflops"] / p["tflops"] for p in fitted]
     bwd_ratio = min(1.0, statistics.median(ratios))  # the schema keeps it a fraction
     round_pt = lambda p: {k: (sig(v) if isinstance(v, float) else v) for k, v in p.items()}  # noqa: E731
     device = {
@@ -93,7 +100,7 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                    "points": [round_pt(p) for p in sorted(raw.matmul_points, key=lambda p: (p["dtype"], p["m"], p["n"], p["k"]))]},
         "attention": {"max_fraction": sig(att_fit.max_fraction), "half_seq": sig(att_fit.half_seq) if att_fit.half_seq >= 0.01 else 0.0,
                       "backward_ratio": sig(bwd_ratio),
-                      "points": [round_pt(p) for p in sorted(raw.attention_points, key=lambda p: p["seq_len"])]},
+                      "points": [round_pt(p) for p in sorted(raw.attention_points, key=lambda p: (p["dtype"], p["head_dim"], p["seq_len"]))]},
         "memory_bound_efficiency": sig(raw.elementwise_efficiency),
     }
     prov = {
@@ -105,11 +112,13 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
         "device.matmul": f"measured: {_matmul_ops(raw.dtypes)} over {len(raw.matmul_points)} (shape, dtype) points from transformer "
                          f"projections at TP degrees; median over ranks run concurrently; fit rms log error "
                          f"{mm_fit.rms_log_error:.3f}" + ("; " + "; ".join(raw.notes) if raw.notes else ""),
-        "device.attention": f"measured: F.scaled_dot_product_attention(is_causal=True) in {raw.attention_dtype}; "
+        "device.attention": f"measured: F.scaled_dot_product_attention(is_causal=True) in {_dtypes_of(raw.attention_points)}; "
                             "points' tflops = forward rate, forward FLOPs = 2*b*h*s^2*d (causal half of 4*b*h*s^2*d); "
                             "backward FLOPs = 2.5 x forward, timed as (fwd+bwd) - fwd; backward_ratio = median "
                             f"backward / forward rate over lengths{' (capped at 1)' if min(ratios) > 1 else ''}; "
-                            f"max_fraction of the {raw.attention_dtype} peak",
+                            f"max_fraction and backward_ratio of the {raw.attention_dtype} points at the largest head_dim "
+                            "and peak; the estimate uses each dtype's points (by seq_len and head_dim), forward "
+                            "and backward, where measured",
         "overheads.context_gib": raw.memory.source.split(";")[-1].strip(),
         "overheads.host": "measured (bench/host.py): op_dispatch_s = host time per aten op of a chain of tiny "
                           "multiplies, forward and backward; python_dispatch_s = the extra per op of the same chain "

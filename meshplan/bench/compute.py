@@ -148,42 +148,52 @@ def attention_forward_flops(batch: int, heads: int, seq: int, head_dim: int) -> 
     return 2.0 * batch * heads * seq * seq * head_dim
 
 
-def bench_attention(env: BenchEnv, seq_lens: list[int], dtype: str, settings: ComputeSettings, budget: Budget,
-                    rep: Reporter, est_tflops: float) -> list[dict]:
-    """F.scaled_dot_product_attention(is_causal=True): forward, and forward + backward, per sequence length.
+def bench_attention(env: BenchEnv, seq_lens: list[int], head_dims: list[int], dtype: str, settings: ComputeSettings,
+                    budget: Budget, rep: Reporter, est_tflops: float) -> list[dict]:
+    """F.scaled_dot_product_attention(is_causal=True): forward, and forward + backward, per head size
+    and sequence length.
 
     `tflops` is the forward rate (what AttentionModel.max_fraction describes); `bwd_tflops` is the backward
     rate, from (fwd+bwd time - fwd time) and 2.5x the forward FLOPs.
     """
-    batch, heads, head_dim = (1, 32, 128) if env.is_cuda else (1, 4, 64)
+    batch, heads = (1, 32) if env.is_cuda else (1, 4)
     points = []
-    for s in seq_lens:
-        fwd_flops = attention_forward_flops(batch, heads, s, head_dim)
-        one = (1 + ATTENTION_BWD_FLOPS) * fwd_flops / (est_tflops * 1e12)
-        cost = 2 * (max(settings.target_s, settings.min_reps * one) + 2 * one)
-        if not env.agree(budget.allows(cost)):
-            rep.skip(f"attention seq {s} and longer (time budget)")
-            break
-        q, k, v = (torch.randn(batch, heads, s, head_dim, dtype=TORCH_DTYPES[dtype], device=env.device,
-                               requires_grad=True) for _ in range(3))
-        grad = torch.randn(batch, heads, s, head_dim, dtype=TORCH_DTYPES[dtype], device=env.device)
-
-        def forward() -> None:
-            F.scaled_dot_product_attention(q, k, v, is_causal=True)  # inputs need grad: the training kernel
-
-        def step() -> None:
-            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
-
-        fwd = time_local(forward, env.sync, settings.target_s, settings.min_reps)
-        both = time_local(step, env.sync, settings.target_s, settings.min_reps)
-        bwd_s = max(both.median_s - fwd.median_s, 1e-9)
-        fwd_tflops = fwd_flops / fwd.median_s / 1e12
-        est_tflops = max(est_tflops * 0.5, fwd_tflops)
-        points.append({"seq_len": s, "batch": batch, "heads": heads, "head_dim": head_dim, "dtype": dtype,
-                       "tflops": fwd_tflops, "bwd_tflops": ATTENTION_BWD_FLOPS * fwd_flops / bwd_s / 1e12,
-                       "spread": max(fwd.spread, both.spread)})
-        rep.advance(cost)
+    for head_dim in head_dims:
+        for s in seq_lens:
+            point = _attention_point(env, batch, heads, s, head_dim, dtype, settings, budget, est_tflops)
+            if point is None:
+                rep.skip(f"attention head_dim {head_dim} seq {s} and longer (time budget)")
+                break
+            points.append(point)
+            est_tflops = max(est_tflops * 0.5, point["tflops"])
+            rep.advance(point.pop("cost"))
     return points
+
+
+def _attention_point(env: BenchEnv, batch: int, heads: int, s: int, head_dim: int, dtype: str,
+                     settings: ComputeSettings, budget: Budget, est_tflops: float) -> dict | None:
+    """One timed (head_dim, seq_len) point, or None where the budget does not allow it."""
+    fwd_flops = attention_forward_flops(batch, heads, s, head_dim)
+    one = (1 + ATTENTION_BWD_FLOPS) * fwd_flops / (est_tflops * 1e12)
+    cost = 2 * (max(settings.target_s, settings.min_reps * one) + 2 * one)
+    if not env.agree(budget.allows(cost)):
+        return None
+    q, k, v = (torch.randn(batch, heads, s, head_dim, dtype=TORCH_DTYPES[dtype], device=env.device,
+                           requires_grad=True) for _ in range(3))
+    grad = torch.randn(batch, heads, s, head_dim, dtype=TORCH_DTYPES[dtype], device=env.device)
+
+    def forward() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)  # inputs need grad: the training kernel
+
+    def step() -> None:
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    fwd = time_local(forward, env.sync, settings.target_s, settings.min_reps)
+    both = time_local(step, env.sync, settings.target_s, settings.min_reps)
+    bwd_s = max(both.median_s - fwd.median_s, 1e-9)
+    return {"seq_len": s, "batch": batch, "heads": heads, "head_dim": head_dim, "dtype": dtype,
+            "tflops": fwd_flops / fwd.median_s / 1e12, "bwd_tflops": ATTENTION_BWD_FLOPS * fwd_flops / bwd_s / 1e12,
+            "spread": max(fwd.spread, both.spread), "cost": cost}
 
 
 def bench_copy_bandwidth(env: BenchEnv, settings: ComputeSettings) -> tuple[float, float]:

@@ -50,6 +50,14 @@ def matmul_grid(cuda: bool, quick: bool) -> list[tuple[int, int, int]]:
     return [big] + ordered
 
 
+def attention_head_dims(cuda: bool, quick: bool) -> list[int]:
+    """Head sizes attention is timed at: 128 on GPUs (every Llama); on CPUs the small models trained
+    there too (16: tiny-4l), whose kernels run at about half the FLOP rate of 64."""
+    if cuda:
+        return [128]
+    return [16, 64] if quick else [16, 64, 128]
+
+
 def attention_seq_lens(cuda: bool, quick: bool) -> list[int]:
     if cuda:
         return [512, 1024, 2048, 4096, 8192] if quick else [512, 1024, 2048, 4096, 8192, 16384]

@@ -18,7 +18,7 @@ from meshplan.bench import compute
 from meshplan.bench.env import BenchEnv, init_env, shutdown
 from meshplan.bench.memory import MemoryResult, measure_memory
 from meshplan.bench.progress import Reporter
-from meshplan.bench.shapes import attention_seq_lens, matmul_grid
+from meshplan.bench.shapes import attention_head_dims, attention_seq_lens, matmul_grid
 from meshplan.bench.timing import Budget
 
 COMPUTE_SHARE = 0.35  # of the time budget, the rest goes to collectives
@@ -83,24 +83,38 @@ def _scalar_median(value: float) -> float:
     return statistics.median(values)
 
 
+def attention_dtypes(dtypes: list[str], cuda: bool) -> tuple[str, list[str]]:
+    """(the dtype attention's max_fraction is fitted in, every dtype it is measured in). A GPU trains
+    attention in bf16; a CPU run may train in fp32 or bf16, and its bf16 attention kernels do not
+    follow the bf16 GEMM's speed-up (cost_models/compute.py attention_tflops), so both are measured."""
+    if cuda:
+        primary = "bf16" if "bf16" in dtypes else "fp32"
+        return primary, [primary]
+    return "fp32", ["fp32"] + [dt for dt in ("bf16",) if dt in dtypes]
+
+
 def _compute_section(env: BenchEnv, opts: WorkerOptions, budget: Budget, rep: Reporter) -> tuple:
     settings = compute.ComputeSettings(target_s=0.05, min_reps=3) if opts.quick else compute.ComputeSettings(0.3, 5)
     compute.warm_up(env)
     dtypes, notes = compute.choose_dtypes(env, settings)
     shapes = matmul_grid(env.is_cuda, opts.quick)
     seqs = attention_seq_lens(env.is_cuda, opts.quick)
+    head_dims = attention_head_dims(env.is_cuda, opts.quick)
     est = {dt: GPU_EST_TFLOPS.get(dt, 40.0) if env.is_cuda else (0.05 if dt == "fp32" else 0.01) for dt in dtypes}
     total = sum(compute.matmul_cost(m, n, k, est[dt], settings) for dt in dtypes for m, n, k in shapes)
-    rep.start("matmul + attention", total + len(seqs) * settings.target_s * 3)
+    att_dtype, att_dtypes = attention_dtypes(dtypes, env.is_cuda)
+    rep.start("matmul + attention", total + len(seqs) * len(head_dims) * len(att_dtypes) * settings.target_s * 3)
     # shares of the compute budget, so a tight budget still leaves attention and bandwidth some points
     matmul = compute.bench_matmul(env, shapes, dtypes, settings, budget.section(0.6), rep, est)
-    att_dtype = "bf16" if "bf16" in dtypes and env.is_cuda else "fp32"
-    attention = compute.bench_attention(env, seqs, att_dtype, settings, budget.section(0.75), rep, est[att_dtype] * 0.5)
+    attention, att_budget = [], budget.section(0.75)
+    for i, dt in enumerate(att_dtypes):  # each dtype gets an equal share of what is left
+        share = att_budget.section(1.0 / (len(att_dtypes) - i))
+        attention += compute.bench_attention(env, seqs, head_dims, dt, settings, share, rep, est[dt] * 0.5)
     copy_gbs, _ = compute.bench_copy_bandwidth(env, settings)
     eff = compute.bench_elementwise_efficiency(env, settings, copy_gbs)
     rep.stop()
     return (dtypes, notes, _median_over_ranks(matmul, ("m", "n", "k", "dtype")),
-            _median_over_ranks(attention, ("seq_len", "dtype"), extra=("bwd_tflops",)), att_dtype, _scalar_median(copy_gbs),
+            _median_over_ranks(attention, ("seq_len", "head_dim", "dtype"), extra=("bwd_tflops",)), att_dtype, _scalar_median(copy_gbs),
             _scalar_median(eff))
 
 

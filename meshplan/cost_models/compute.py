@@ -51,18 +51,41 @@ def matmul_time(device: Device, m: float, n: float, k: float, dtype: str) -> flo
     return 2.0 * m * n * k / (matmul_tflops(device, m, n, k, dtype) * 1e12)
 
 
-def attention_tflops(device: Device, seq_len: float, dtype: str) -> float:
-    """Fused causal attention throughput (forward or backward) at this sequence length."""
+def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float = 128.0,
+                     backward: bool = False) -> float:
+    """Fused causal attention throughput at this sequence length and head size, forward or backward.
+
+    Measured points of the compute dtype win, interpolated in log2(seq_len) and then in log2(head_dim)
+    (their `bwd_tflops` for the backward, where measured): attention kernels do not follow the
+    matmul peak across dtypes everywhere (CPU flash attention in bf16 runs its backward slower than in
+    fp32, while bf16 GEMMs run twice as fast), and a small head does less work per byte (head_dim 16
+    runs at about half the FLOP rate of 64 on a CPU). Without points, max_fraction of the dtype's
+    peak, and the backward at `backward_ratio` of the forward.
+    """
     dtype = compute_dtype(dtype, device)
     att = device.attention
-    points = [p for p in att.points if p.get("dtype", dtype) == dtype]
+    key = "bwd_tflops" if backward else "tflops"
+    points = [p for p in att.points if p.get("dtype", dtype) == dtype and key in p]
     if points:
-        xs = np.log2([p["seq_len"] for p in points])
-        ys = np.array([p["tflops"] for p in points])
-        order = np.argsort(xs)
-        return device.sustained_fraction * float(np.interp(math.log2(max(seq_len, 1.0)), xs[order], ys[order]))
+        by_head: dict[float, list[dict]] = {}
+        for p in points:
+            by_head.setdefault(float(p.get("head_dim", head_dim)), []).append(p)
+        heads = sorted(by_head)
+        rates = [_along_seq(by_head[h], key, seq_len) for h in heads]
+        rate = float(np.interp(math.log2(max(head_dim, 1.0)), np.log2(heads), rates))
+        return device.sustained_fraction * rate
+    if backward:
+        return att.backward_ratio * attention_tflops(device, seq_len, dtype, head_dim)
     peak = device.peak_tflops[dtype]
     return device.sustained_fraction * peak * att.max_fraction * seq_len / (seq_len + att.half_seq)
+
+
+def _along_seq(points: list[dict], key: str, seq_len: float) -> float:
+    """Linear in log2(seq_len) between measured lengths, held flat beyond them."""
+    xs = np.log2([p["seq_len"] for p in points])
+    ys = np.array([p[key] for p in points])
+    order = np.argsort(xs)
+    return float(np.interp(math.log2(max(seq_len, 1.0)), xs[order], ys[order]))
 
 
 def memory_bound_time(device: Device, nbytes: float) -> float:

@@ -101,8 +101,10 @@ def block_compute(lay: Layout, prof: ClusterProfile) -> BlockCompute:
         att_fwd, att_bwd = _eager_attention(lay, prof)
     else:
         att_flops = attention_flops_per_token(spec, lay.seq_len, causal=True) * T / lay.tp
-        att_fwd = att_flops / (attention_tflops(dev, lay.seq_len, lay.dtype) * 1e12) / eff
-        att_bwd = K.attention_backward_factor * att_fwd / dev.attention.backward_ratio
+        fwd_rate = attention_tflops(dev, lay.seq_len, lay.dtype, spec.head_dim)
+        bwd_rate = attention_tflops(dev, lay.seq_len, lay.dtype, spec.head_dim, backward=True)
+        att_fwd = att_flops / (fwd_rate * 1e12) / eff
+        att_bwd = K.attention_backward_factor * att_flops / (bwd_rate * 1e12) / eff
     ring_fwd, ring_bwd = _ring_attention_bookkeeping(lay, prof)
     att_fwd, att_bwd = att_fwd + ring_fwd, att_bwd + ring_bwd
     elem_fwd, elem_bwd = elementwise_times(lay, prof)

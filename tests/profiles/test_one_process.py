@@ -32,6 +32,11 @@ def test_one_process_measures_the_device_and_borrows_collectives(tmp_path):
     assert "taken from the built-in cpu-gloo" in got.provenance["collectives"]
     # The device itself was measured here: matmul points and a host cost per op.
     assert got.device.matmul.points and got.overheads.op_dispatch_s > 0
+    # Attention in every dtype a CPU run can train in, at a small model's head and a large one's
+    series = {(p["dtype"], p["head_dim"]) for p in got.device.attention.points}
+    dtypes = {p["dtype"] for p in got.device.matmul.points}
+    assert series == {(dt, h) for dt in dtypes for h in (16, 64)}, series
+    assert all(p["bwd_tflops"] > 0 for p in got.device.attention.points)
     # A CPU has no fp8 GEMM: the provenance says so, the printed summary too, and no fp8 peak is made up
     assert "fp8 matmul not measured (CPU" in got.provenance["device.matmul"]
     assert "fp8" not in got.device.peak_tflops and "matmul best TFLOP/s: fp32 " in res.stdout

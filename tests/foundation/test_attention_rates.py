@@ -1,0 +1,66 @@
+"""Attention throughput from a profile's measured points: per dtype, per head size, forward and
+backward (cost_models/compute.py attention_tflops), against hand interpolations."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from meshplan.cost_models.compute import attention_tflops
+from meshplan.profiles.registry import load_profile
+
+
+def _point(dtype: str, head_dim: int, seq: int, fwd: float, bwd: float) -> dict:
+    return {"seq_len": seq, "batch": 1, "heads": 4, "head_dim": head_dim, "dtype": dtype, "tflops": fwd,
+            "bwd_tflops": bwd, "spread": 0.01}
+
+
+def _device(points: list[dict]):
+    dev = load_profile("cpu-gloo").device
+    return replace(dev, sustained_fraction=1.0, peak_tflops={"fp32": 0.2, "bf16": 0.4},
+                   attention=replace(dev.attention, points=points, max_fraction=0.5, half_seq=0.0,
+                                     backward_ratio=0.8))
+
+
+# Shaped like this VM's measurement: bf16 attention slower than fp32 (its backward much slower),
+# head 16 at about half the rate of head 64.
+POINTS = [_point("fp32", 16, 128, 0.020, 0.021), _point("fp32", 16, 512, 0.026, 0.023),
+          _point("fp32", 64, 128, 0.040, 0.040), _point("fp32", 64, 512, 0.060, 0.050),
+          _point("bf16", 16, 128, 0.015, 0.0035), _point("bf16", 16, 512, 0.022, 0.016)]
+
+
+def test_measured_points_of_the_dtype_win_over_the_peak():
+    dev = _device(POINTS)
+    # bf16 has twice the fp32 peak, yet its measured attention is slower: the points decide
+    assert attention_tflops(dev, 128, "bf16", head_dim=16) == pytest.approx(0.015)
+    assert attention_tflops(dev, 128, "bf16", head_dim=16, backward=True) == pytest.approx(0.0035)
+    assert attention_tflops(dev, 128, "fp32", head_dim=16, backward=True) == pytest.approx(0.021)
+
+
+def test_interpolation_in_log_seq_then_log_head_dim():
+    dev = _device(POINTS)
+    # seq 256 is half-way between 128 and 512 in log2; head 32 half-way between 16 and 64
+    at16 = 0.020 + 0.5 * (0.026 - 0.020)
+    at64 = 0.040 + 0.5 * (0.060 - 0.040)
+    assert attention_tflops(dev, 256, "fp32", head_dim=16) == pytest.approx(at16)
+    assert attention_tflops(dev, 256, "fp32", head_dim=32) == pytest.approx((at16 + at64) / 2)
+    # held flat beyond the measured heads and lengths
+    assert attention_tflops(dev, 256, "fp32", head_dim=128) == pytest.approx(at64)
+    assert attention_tflops(dev, 4096, "fp32", head_dim=8) == pytest.approx(0.026)
+    # bf16 measured at head 16 only: every head size gets that series
+    assert attention_tflops(dev, 512, "bf16", head_dim=128, backward=True) == pytest.approx(0.016)
+
+
+def test_without_points_the_peak_model_and_backward_ratio():
+    dev = _device([])
+    fwd = 0.4 * 0.5  # peak x max_fraction, half_seq 0
+    assert attention_tflops(dev, 1024, "bf16") == pytest.approx(fwd)
+    assert attention_tflops(dev, 1024, "bf16", backward=True) == pytest.approx(0.8 * fwd)
+
+
+def test_sustained_fraction_scales_measured_points():
+    dev = replace(_device(POINTS), sustained_fraction=0.75)
+    assert attention_tflops(dev, 512, "fp32", head_dim=64, backward=True) == pytest.approx(0.75 * 0.050)
+    assert math.isclose(attention_tflops(dev, 512, "fp32", head_dim=64), 0.75 * 0.060)
