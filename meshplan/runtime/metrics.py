@@ -27,6 +27,8 @@ Storages are counted once however many views share them. Not counted: memory tha
 tensor (gloo's internal buffers, Python objects), and tensors allocated and freed inside a single
 op's kernel or inside a tensor subclass's own dispatch (e.g. DTensor's local temporaries), which
 are transient. The per-rank peak is reduced with MAX over all ranks.
+Compiled blocks are not counted: under a dispatch mode dynamo runs them uncompiled, op by op, so the
+count would be eager memory (runtime/train.py counts_live_tensors); such CPU runs report null.
 Tracking costs a Python sum per op, so by default it runs only on the timing warm-up steps (which
 are excluded from the timing medians) and later rows repeat the largest peak seen; rows say
 `memory_tracked`. `--track-memory all` tracks every step.

@@ -193,7 +193,7 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
     profiled = profiled_steps(start + opts.timing_warmup, opts.profile_steps) if out else range(0)
     for step in range(start, opts.steps):
         tracked = opts.track_memory == "all" or (opts.track_memory == "warmup" and step - start < max(1, opts.timing_warmup))
-        tracker = LiveTensorMemory(device) if tracked and device.type == "cpu" else None
+        tracker = LiveTensorMemory(device) if tracked and counts_live_tensors(plan, device) else None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         dist.barrier()
@@ -271,6 +271,13 @@ def _step_of(line: str) -> int | None:
         return int(json.loads(line)["step"])
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def counts_live_tensors(plan: Plan, device: torch.device) -> bool:
+    """Whether this run measures peak memory by counting live tensors (metrics.py): on a CPU, and not
+    for compiled blocks, which run op by op, uncompiled, under the counting dispatch mode (dynamo
+    falls back to eager there), so what it counted would be eager memory while the run trains compiled."""
+    return device.type == "cpu" and not plan.compile
 
 
 def _peak_memory(device: torch.device, tracker: LiveTensorMemory | None) -> tuple[float | None, float | None]:

@@ -16,7 +16,7 @@ from meshplan.errors import InputError
 from meshplan.runtime.checkpoint import CheckpointError
 from meshplan.runtime.metrics import measured_summary, predicted, ratios
 from meshplan.runtime.options import RunOptions
-from meshplan.runtime.train import run_training
+from meshplan.runtime.train import counts_live_tensors, run_training
 from meshplan.specs.plan import Plan
 from meshplan.yamlio import atomic_write_json
 
@@ -27,6 +27,14 @@ MEMORY_MEASURE = {
     False: "allocated: live tensor storage bytes, max over ranks (runtime/metrics.py); reserved: null "
            "(the CPU allocator keeps no cache)",
 }
+
+
+def memory_measure(plan: Plan, device: torch.device) -> str:
+    """What measured.peak_memory_gib is on this run, or why it is null."""
+    if device.type == "cpu" and not counts_live_tensors(plan, device):
+        return ("not measured: compiled blocks on a CPU (the live-tensor count's dispatch mode would run them "
+                "uncompiled; runtime/train.py counts_live_tensors)")
+    return MEMORY_MEASURE[device.type == "cuda"]
 
 
 def pick_device() -> tuple[torch.device, str]:
@@ -86,7 +94,7 @@ def write_summary(plan: Plan, opts: RunOptions, rows, device: torch.device, back
         "plan": plan.to_dict(),
         "run": {"steps": opts.steps, "seed": opts.seed, "data": opts.data, "world_size": dist.get_world_size(),
                 "device": device.type, "backend": backend, "timing_warmup": opts.timing_warmup,
-                "dtype": str(plan.training.dtype), "memory_measure": MEMORY_MEASURE[device.type == "cuda"],
+                "dtype": str(plan.training.dtype), "memory_measure": memory_measure(plan, device),
                 "notes": notes},
         "versions": {"meshplan": meshplan.__version__, "torch": torch.__version__, "python": platform.python_version(),
                      "torchao": _version("torchao")},

@@ -108,6 +108,32 @@ def test_memory_tracker_counts_live_storages_and_resizes():
     assert mem.peak - base == (1 << 21)
 
 
+def test_compiled_code_runs_uncompiled_under_the_memory_tracker():
+    """Why runtime/train.py does not count live tensors of compiled plans: under a dispatch mode dynamo
+    runs a compiled function op by op, uncompiled (inductor would fuse sin, cos and mul into one
+    kernel and never dispatch them), so the count would be the memory of eager code."""
+    from meshplan.runtime.train import counts_live_tensors
+    from meshplan.specs.plan import plan_from_dict
+    from plan_base import base_plan
+
+    compiled = torch.compile(lambda x: torch.sin(x).cos() * 2)
+    x = torch.randn(8)
+    compiled(x)
+    seen = []
+
+    class Ops(LiveTensorMemory):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    with Ops(torch.device("cpu")):
+        compiled(x)
+    assert seen == ["aten.sin.default", "aten.cos.default", "aten.mul.Tensor"]
+    raw = base_plan("tiny", "cpu-gloo")
+    assert counts_live_tensors(plan_from_dict(raw), torch.device("cpu"))
+    assert not counts_live_tensors(plan_from_dict({**raw, "compile": True}), torch.device("cpu"))
+
+
 AC_CASES = {"none": ("none", None), "selective": ("selective", None), "full": ("full", None),
             "sac_all": ("selective", list(SAC_OPS)), "sac_attention": ("selective", ["attention"])}
 
