@@ -50,6 +50,16 @@ def matmul_grid(cuda: bool, quick: bool) -> list[tuple[int, int, int]]:
     return [big] + ordered
 
 
+def attention_dtypes(dtypes: list[str], cuda: bool) -> tuple[str, list[str]]:
+    """(the dtype attention's max_fraction is fitted in, every dtype it is measured in). A GPU trains
+    attention in bf16; a CPU run may train in fp32 or bf16, and its bf16 attention kernels do not
+    follow the bf16 GEMM's speed-up (cost_models/compute.py attention_tflops), so both are measured."""
+    if cuda:
+        primary = "bf16" if "bf16" in dtypes else "fp32"
+        return primary, [primary]
+    return "fp32", ["fp32"] + [dt for dt in ("bf16",) if dt in dtypes]
+
+
 def attention_head_dims(cuda: bool, quick: bool) -> list[int]:
     """Head sizes attention is timed at: 128 on GPUs (every Llama); on CPUs the small models trained
     there too (16: tiny-4l), whose kernels run at about half the FLOP rate of 64."""

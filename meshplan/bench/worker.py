@@ -18,7 +18,7 @@ from meshplan.bench import compute
 from meshplan.bench.env import BenchEnv, init_env, shutdown
 from meshplan.bench.memory import MemoryResult, measure_memory
 from meshplan.bench.progress import Reporter
-from meshplan.bench.shapes import attention_head_dims, attention_seq_lens, matmul_grid
+from meshplan.bench.shapes import attention_dtypes, attention_head_dims, attention_seq_lens, matmul_grid
 from meshplan.bench.timing import Budget
 
 COMPUTE_SHARE = 0.35  # of the time budget, the rest goes to collectives
@@ -81,16 +81,6 @@ def _scalar_median(value: float) -> float:
     values = [0.0] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return statistics.median(values)
-
-
-def attention_dtypes(dtypes: list[str], cuda: bool) -> tuple[str, list[str]]:
-    """(the dtype attention's max_fraction is fitted in, every dtype it is measured in). A GPU trains
-    attention in bf16; a CPU run may train in fp32 or bf16, and its bf16 attention kernels do not
-    follow the bf16 GEMM's speed-up (cost_models/compute.py attention_tflops), so both are measured."""
-    if cuda:
-        primary = "bf16" if "bf16" in dtypes else "fp32"
-        return primary, [primary]
-    return "fp32", ["fp32"] + [dt for dt in ("bf16",) if dt in dtypes]
 
 
 def _compute_section(env: BenchEnv, opts: WorkerOptions, budget: Budget, rep: Reporter) -> tuple:
