@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
@@ -120,9 +120,11 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                             "and peak; the estimate uses each dtype's points (by seq_len and head_dim), forward "
                             "and backward, where measured",
         "overheads.context_gib": raw.memory.source.split(";")[-1].strip(),
-        "overheads.host": "measured (bench/host.py): op_dispatch_s = host time per aten op of a chain of tiny "
-                          "multiplies, forward and backward; python_dispatch_s = the extra per op of the same chain "
-                          "on replicated DTensors; medians over ranks; 0 on a GPU, where the host runs ahead of the kernels",
+        "overheads.host": "measured (bench/host.py) on a chain of tiny tanh ops: op_dispatch_s = host time per aten "
+                          "op, forward and backward; python_dispatch_s = the extra per op on replicated DTensors; "
+                          "checkpoint_op_s = the extra per forward op of the chain under checkpoint_wrapper "
+                          "(hooks and replay); sac_op_s = the further extra per forward op of a selective policy; "
+                          "medians over ranks; 0 on a GPU, where the host runs ahead of the kernels",
     }
     prov["overheads.in_step"] = _in_step_source(raw)
     return device, prov
@@ -215,8 +217,7 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "max_nodes": max_nodes,
         "links": links,
         "collectives": fits,
-        "overheads": {"context_gib": sig(raw.memory.context_gib, 3), "op_dispatch_s": sig(raw.host_dispatch_s[0], 3),
-                      "python_dispatch_s": sig(raw.host_dispatch_s[1], 3), **_in_step_overheads(raw)},
+        "overheads": {"context_gib": sig(raw.memory.context_gib, 3), **_host_overheads(raw), **_in_step_overheads(raw)},
         "provenance": prov,
         "collective_points": [{k: (sig(v) if isinstance(v, float) else v) for k, v in p.items()}
                               for p in raw.collective_points],
@@ -250,11 +251,14 @@ def _single_process_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults,
         "max_nodes": opts.max_nodes or donor["max_nodes"],
         "links": donor["links"],
         "collectives": donor["collectives"],
-        "overheads": {"context_gib": sig(raw.memory.context_gib, 3), "op_dispatch_s": sig(raw.host_dispatch_s[0], 3),
-                      "python_dispatch_s": sig(raw.host_dispatch_s[1], 3)},
+        "overheads": {"context_gib": sig(raw.memory.context_gib, 3), **_host_overheads(raw)},
         "provenance": prov,
     }
     return profile_from_dict(data, "measured profile"), data, {}
+
+
+def _host_overheads(raw: RawResults) -> dict[str, float]:
+    return {k: sig(v, 3) for k, v in asdict(raw.host).items()}
 
 
 def _in_step_overheads(raw: RawResults) -> dict[str, float]:

@@ -1,62 +1,109 @@
-"""Host cost per eager op, as cost_models/host.py prices it: `overheads.op_dispatch_s` for every
-aten op a training step dispatches (forward and backward), `python_dispatch_s` for the extra of an
-op that goes through a Python __torch_dispatch__ (DTensor's sharding propagation and wrapping).
+"""Host cost per eager op, as cost_models/host.py prices it, measured on tensors so small that the
+arithmetic is nothing and the host is everything:
 
-Both are measured on tensors so small that the arithmetic is nothing and the host is everything:
-a chain of elementwise multiplies under autograd, forward and backward, once on plain tensors and
-once on DTensors replicated over the world (no communication).
+- `op_dispatch_s`: every aten op a training step dispatches (forward and backward): a chain of
+  elementwise ops under autograd, forward and backward, on plain tensors;
+- `python_dispatch_s`: the extra of an op through DTensor's Python __torch_dispatch__ (sharding
+  propagation and wrapping): the same chain on DTensors replicated over the world (no communication);
+- `checkpoint_op_s`: per forward op of a block under activation checkpointing, the extra of the
+  wrapper (saved-tensor hooks in forward, the replay and its unpacking in backward): the chain
+  wrapped as the runtime wraps a block (checkpoint_wrapper, non-reentrant, no RNG state);
+- `sac_op_s`: per forward op, the further extra of a selective policy's dispatch mode, which sees
+  every op of the forward and of the replay: the same wrapper with a policy that recomputes all.
+
+The chain's ops each save their output for backward (tanh), as most ops of a block save a tensor.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
+
 import torch
+from torch import nn
 
 from meshplan.bench.env import BenchEnv
 from meshplan.bench.timing import time_local
 
-CHAIN = 64  # multiplies per chain: forward CHAIN muls, backward CHAIN grad muls (+ a few for the sum)
+CHAIN = 64  # forward ops per chain; backward as many grad ops (+ a few for the sum)
 
 
-def _chain_step(x: torch.Tensor) -> None:
-    y = x
-    for _ in range(CHAIN):
-        y = y * 1.0001
-    y.sum().backward()
+@dataclass(frozen=True)
+class HostCosts:
+    """Seconds per op, as overheads.* of a profile (names alike)."""
+
+    op_dispatch_s: float = 0.0
+    python_dispatch_s: float = 0.0
+    checkpoint_op_s: float = 0.0
+    sac_op_s: float = 0.0
 
 
-def _ops_per_step() -> int:
-    """aten ops of one _chain_step, counted (not assumed) with a dispatch mode."""
+class Chain(nn.Module):
+    """CHAIN tanh ops in a row: every op saves its output for backward."""
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        for _ in range(CHAIN):
+            y = y.tanh()
+        return y
+
+
+def _recompute_all(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def checkpointed(selective: bool) -> nn.Module:
+    """The chain wrapped as runtime/activation_checkpoint.py wraps a block (full, or selective)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    if not selective:
+        return checkpoint_wrapper(Chain(), preserve_rng_state=False)
+    return checkpoint_wrapper(Chain(), preserve_rng_state=False,
+                              context_fn=partial(create_selective_checkpoint_contexts, _recompute_all))
+
+
+def count_ops(fn) -> int:
+    """aten ops `fn` dispatches, counted (not assumed) with a dispatch mode. The detach of each saved
+    tensor is left out: the mode itself causes it (a profiler trace of a plain run has none)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
         n = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
+            Count.n += func is not torch.ops.aten.detach.default
             return func(*args, **(kwargs or {}))
 
-    x = torch.ones(8, requires_grad=True)
     with Count():
-        _chain_step(x)
+        fn()
     return Count.n
 
 
-def _seconds_per_step(x: torch.Tensor, env: BenchEnv, target_s: float, min_reps: int) -> float:
-    return time_local(lambda: _chain_step(x), env.sync, target_s, min_reps, warmup=3).median_s
+def _step(module: nn.Module, x: torch.Tensor) -> None:
+    module(x).sum().backward()
 
 
-def bench_host_dispatch(env: BenchEnv, target_s: float, min_reps: int) -> tuple[float, float]:
-    """(op_dispatch_s, python_dispatch_s) on this rank."""
+def _seconds(module: nn.Module, x: torch.Tensor, env: BenchEnv, target_s: float, min_reps: int) -> float:
+    return time_local(lambda: _step(module, x), env.sync, target_s, min_reps, warmup=3).median_s
+
+
+def bench_host_dispatch(env: BenchEnv, target_s: float, min_reps: int) -> HostCosts:
+    """All four costs on this rank."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    ops = _ops_per_step()
     plain = torch.ones(8, device=env.device, requires_grad=True)
-    op_s = _seconds_per_step(plain, env, target_s, min_reps) / ops
+    ops = count_ops(lambda: _step(Chain(), plain))
+    time = partial(_seconds, x=plain, env=env, target_s=target_s, min_reps=min_reps)
+    op_s = time(Chain()) / ops
+    full = time(checkpointed(selective=False))
+    selective = time(checkpointed(selective=True))
     # Replicated over the whole world: DTensor's dispatch in full, and no collective (elementwise
     # ops and a sum of replicated tensors stay local).
     mesh = init_device_mesh(env.device.type, (env.world,))
     leaf = distribute_tensor(torch.ones(8, device=env.device), mesh, [Replicate()]).requires_grad_()
-    dtensor_s = _seconds_per_step(leaf, env, target_s, min_reps) / ops
-    return op_s, max(0.0, dtensor_s - op_s)
-
+    dtensor_s = _seconds(Chain(), leaf, env, target_s, min_reps) / ops
+    return HostCosts(op_s, max(0.0, dtensor_s - op_s),
+                     max(0.0, full / CHAIN - op_s * ops / CHAIN), max(0.0, (selective - full) / CHAIN))

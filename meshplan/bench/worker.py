@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 import torch.distributed as dist
@@ -12,7 +12,7 @@ import torch.distributed as dist
 from meshplan.errors import InputError
 
 from meshplan.bench import collectives as coll
-from meshplan.bench.host import bench_host_dispatch
+from meshplan.bench.host import HostCosts, bench_host_dispatch
 from meshplan.bench.in_step import measure_collective_sync
 from meshplan.bench import compute
 from meshplan.bench.env import BenchEnv, init_env, shutdown
@@ -55,7 +55,7 @@ class RawResults:
     notes: list[str]
     skipped: list[str]
     elapsed_s: float
-    host_dispatch_s: tuple[float, float] = (0.0, 0.0)  # (op_dispatch_s, python_dispatch_s), medians over ranks
+    host: HostCosts = HostCosts()  # per-op host costs (bench/host.py), medians over ranks; 0 on a GPU
     collective_sync_s: float | None = None  # per FSDP2 call in a step (CPU worlds of 2+ processes; in_step.py)
 
 
@@ -133,11 +133,11 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     dtypes, notes, mm, att, att_dtype, copy_gbs, eff = _compute_section(env, opts, budget.section(COMPUTE_SHARE), rep)
     # The cost model adds host time in line with the compute (cost_models/host.py): right on a CPU,
     # where the host is the device; on a GPU the host runs ahead of the kernels and it stays 0.
-    op_s, python_s = (0.0, 0.0) if env.is_cuda else bench_host_dispatch(env, 0.1 if opts.quick else 0.3, 5)
-    host = (_scalar_median(op_s), _scalar_median(python_s))
+    host = HostCosts() if env.is_cuda else bench_host_dispatch(env, 0.1 if opts.quick else 0.3, 5)
+    host = HostCosts(*(_scalar_median(v) for v in astuple(host)))
     # One process: nothing to communicate with; the builder takes collectives from a built-in profile.
     points = _collective_section(env, opts, sets, budget, rep) if env.world > 1 else []
-    sync = measure_collective_sync(env, host[0], opts.quick) if env.world > 1 and not env.is_cuda else None
+    sync = measure_collective_sync(env, host.op_dispatch_s, opts.quick) if env.world > 1 and not env.is_cuda else None
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
     return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
                       time.time() - start, host, sync)

@@ -5,12 +5,14 @@ launch). On a GPU the host runs ahead of the kernels and this hides unless they 
 is the device, so it adds in line, and for a small model it is most of the step. Ops through a Python
 `__torch_dispatch__` cost more (interpreted Python per op): DTensor's (sharding propagation and wrapping, for
 tensor parallelism and for the optimizer on DTensor parameters) and the selective-AC policy's dispatch mode
-(every op of a checkpointed block's forward and recomputation). Every collective call also waits for its
-whole group: rank skew, and with more processes than cores the wait for the peers to be scheduled, which
-back-to-back micro-benchmarks do not see.
+(every op of a checkpointed block's forward and replay). Activation checkpointing itself costs Python per op
+of the block it wraps (saved-tensor hooks forward, the replay and its unpacking backward): several times an
+op's dispatch, so on a CPU a full-AC block's recomputation costs far more than its FLOPs. Every collective
+call also waits for its whole group: rank skew, and with more processes than cores the wait for the peers
+to be scheduled, which back-to-back micro-benchmarks do not see.
 
-The profile prices each kind (overheads.op_dispatch_s, python_dispatch_s, collective_sync_s; 0 in the
-built-in GPU profiles). The counts are of the runtime's own modules
+The profile prices each kind (overheads.op_dispatch_s, python_dispatch_s, collective_sync_s, checkpoint_op_s,
+sac_op_s; 0 in the built-in profiles). The counts are of the runtime's own modules
 (meshplan/runtime, PyTorch 2.13, eager) per micro-batch, counted with a TorchDispatchMode;
 tests/calibrate/test_host_costs.py counts them again, so they cannot drift from the runtime unnoticed.
 Pipeline transfers are priced where the schedule simulation counts them (comm.p2p_time).
@@ -18,7 +20,7 @@ Pipeline transfers are priced where the schedule simulation counts them (comm.p2
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.layout import Layout
@@ -29,20 +31,24 @@ from meshplan.specs.model import ModelSpec
 
 @dataclass(frozen=True)
 class HostOps:
-    """Host work: ops, how many of them also pass through a Python dispatch, and collective calls."""
+    """Host work: ops, how many of them also pass through DTensor's Python dispatch, collective calls, and
+    forward ops run under an AC wrapper (replayed in backward) and under a selective policy's dispatch mode."""
 
     ops: float = 0.0
     python: float = 0.0
     calls: float = 0.0
+    checkpointed: float = 0.0
+    policy: float = 0.0
 
     def __add__(self, other: HostOps) -> HostOps:
-        return HostOps(self.ops + other.ops, self.python + other.python, self.calls + other.calls)
+        return HostOps(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
     def __mul__(self, k: float) -> HostOps:
-        return HostOps(self.ops * k, self.python * k, self.calls * k)
+        return HostOps(*(a * k for a in astuple(self)))
 
     def seconds(self, o: Overheads) -> float:
-        return self.ops * o.op_dispatch_s + self.python * o.python_dispatch_s + self.calls * o.collective_sync_s
+        return (self.ops * o.op_dispatch_s + self.python * o.python_dispatch_s + self.calls * o.collective_sync_s
+                + self.checkpointed * checkpoint_op_s(o) + self.policy * sac_op_s(o))
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,24 @@ class PassCounts:
 # Every op of one block. Llama's RoPE (about 25 ops for each of q and k) and decomposed RMSNorm make it the
 # larger; recomputation replays the forward plus checkpoint's unpacking of saved tensors (~1.5x the forward).
 BLOCK_OPS = {"llama": PassCounts(109, 145, 163), "gpt": PassCounts(39, 93, 78)}
+
+
+def checkpoint_op_s(o: Overheads) -> float:
+    """Per forward op of a checkpointed block: measured (bench/host.py), or for a profile measured before
+    it was, the replay's counted ops of a Llama block at op_dispatch_s each."""
+    if o.checkpoint_op_s is not None:
+        return o.checkpoint_op_s
+    llama = BLOCK_OPS["llama"]
+    return o.op_dispatch_s * llama.recompute / llama.forward
+
+
+def sac_op_s(o: Overheads) -> float:
+    """Per forward op under a selective policy: measured, or one Python dispatch per op of the forward and
+    of the replay (the policy's mode sees both) for a profile measured before it was."""
+    if o.sac_op_s is not None:
+        return o.sac_op_s
+    llama = BLOCK_OPS["llama"]
+    return o.python_dispatch_s * (llama.forward + llama.recompute) / llama.forward
 # Of those, the ops on DTensors under TP, by (arch, sequence parallel): the sharded linears' inputs, weights
 # and outputs, plus with SP the sequence-sharded norms and residual adds.
 TP_DTENSOR_OPS = {("llama", True): PassCounts(42, 102, 86), ("llama", False): PassCounts(28, 66, 54),
@@ -104,7 +128,7 @@ def block_host(lay: Layout) -> tuple[HostOps, HostOps, HostOps]:
     arch = lay.spec.arch
     ops = BLOCK_OPS[arch]
     replay = 1.0 if recomputed_kinds(lay.ac, lay.sac_ops, arch, lay.attention_kernel) else 0.0
-    f, b, r = HostOps(ops.forward), HostOps(ops.backward), HostOps(ops.recompute * replay)
+    f, b, r = HostOps(ops.forward), HostOps(ops.backward), HostOps(checkpointed=ops.forward * replay)
     if lay.tp > 1:
         dt, calls = TP_DTENSOR_OPS[(arch, lay.sp)], TP_CALLS[lay.sp]
         f += HostOps(python=dt.forward, calls=calls.forward)
@@ -115,9 +139,9 @@ def block_host(lay: Layout) -> tuple[HostOps, HostOps, HostOps]:
         b += HostOps(CP_OPS.backward, calls=CP_CALLS.backward)
         r += HostOps(CP_OPS.recompute, calls=CP_CALLS.recompute) * replay
     if lay.ac == "selective":
-        # The policy's dispatch mode sees every op of the block's forward and of its recomputation.
-        f += HostOps(python=f.ops)
-        r += HostOps(python=r.ops)
+        # The policy's dispatch mode sees every op of the block's forward and of its replay: half each.
+        f += HostOps(policy=f.ops / 2)
+        r += HostOps(policy=f.ops / 2)
     return f, b, r
 
 
@@ -175,7 +199,7 @@ def _data_parallel_host(lay: Layout, fsdp_units: int, parts: int, tensors: int) 
 def priced(prof: ClusterProfile) -> bool:
     """Whether the profile prices host work at all (the built-in GPU profiles do not)."""
     o = prof.overheads
-    return bool(o.op_dispatch_s or o.python_dispatch_s or o.collective_sync_s)
+    return bool(o.op_dispatch_s or o.python_dispatch_s or o.collective_sync_s or o.checkpoint_op_s or o.sac_op_s)
 
 
 def step_host_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:

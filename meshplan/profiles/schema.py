@@ -111,8 +111,13 @@ class Overheads:
     # Host-side costs of eager PyTorch, priced per op or call the runtime issues (cost_models/host.py counts
     # them). 0 means hidden: on GPUs the host runs ahead of the kernels; on CPUs the host is the device.
     op_dispatch_s: float = 0.0  # every op: Python binding, dispatcher, autograd bookkeeping, launch
-    python_dispatch_s: float = 0.0  # extra per op through a Python __torch_dispatch__ (DTensor, selective-AC policy)
+    python_dispatch_s: float = 0.0  # extra per op through DTensor's Python __torch_dispatch__
     collective_sync_s: float = 0.0  # per collective / p2p call: waiting for the group, beyond benchmarked latency
+    # Per forward op of a checkpointed block: the AC wrapper's hooks and replay, and a selective policy's
+    # dispatch mode on top. None (profiles measured before these were): estimated from the costs above
+    # (cost_models/host.py).
+    checkpoint_op_s: float | None = None
+    sac_op_s: float | None = None
 
 
 @dataclass
@@ -292,7 +297,7 @@ def _overheads(raw: Any, where: str) -> Overheads:
     values = {}
     for key in Overheads.__dataclass_fields__:
         v = raw.get(key, getattr(d, key))
-        values[key] = as_float(v, f"{where}.{key}", 0.0)
+        values[key] = None if v is None and getattr(d, key) is None else as_float(v, f"{where}.{key}", 0.0)
     for key in ("fsdp_overlap", "tp_async_overlap", "cp_overlap"):
         if values[key] > 1:
             raise InputError(f"{where}.{key}", f"must be a fraction in [0, 1], got {values[key]}")

@@ -20,7 +20,8 @@ from meshplan.cost_models.host import (BLOCK_OPS, OPTIMIZER_OPS_PER_TENSOR, bloc
 from meshplan.cost_models.layout import layout_of  # noqa: E402
 from meshplan.profiles import load_profile  # noqa: E402
 from meshplan.profiles.registry import builtin_names  # noqa: E402
-from meshplan.specs.plan import plan_from_dict  # noqa: E402
+from meshplan.profiles.schema import ClusterProfile  # noqa: E402
+from meshplan.specs.plan import Plan, plan_from_dict  # noqa: E402
 from meshplan.specs.registry import resolve_model  # noqa: E402
 
 HOST = {"op_dispatch_s": 4e-5, "python_dispatch_s": 1.5e-4, "collective_sync_s": 4e-3}
@@ -152,3 +153,49 @@ def test_calibration_recovers_host_costs_of_a_tiny_model(tmp_path):
     for name in ("device.matmul.max_fraction.fp32", "device.memory_bound_efficiency",
                  "collectives.loopback.bus_bandwidth_scale"):
         assert fit.after[name] == pytest.approx(fit.before[name], rel=0.03), name
+
+
+def _one_rank_plan(ac: str) -> Plan:
+    return plan_from_dict({
+        "model": "tiny-4l", "cluster": "cpu-gloo", "gpus": 1,
+        "training": {"seq_len": 128, "global_batch": 4, "micro_batch": 1, "dtype": "fp32"},
+        "parallel": {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "sequence_parallel": False,
+                     "async_tp": False, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None},
+        "memory": {"activation_checkpointing": ac, "sac_ops": None, "float8": False, "reshard_after_forward": True},
+        "compile": False})
+
+
+def _with_host(**values) -> ClusterProfile:
+    prof = load_profile("cpu-gloo")
+    return replace(prof, overheads=replace(prof.overheads, **values))
+
+
+def _recompute_and_forward(ac: str, **host) -> tuple[float, float]:
+    from meshplan.cost_models.estimate import estimate_plan
+
+    base, priced_ = (estimate_plan(_one_rank_plan(ac), prof) for prof in (_with_host(), _with_host(**host)))
+    return (priced_.time_s["recompute"] - base.time_s["recompute"],
+            priced_.time_s["compute"] - base.time_s["compute"])
+
+
+def test_checkpoint_cost_is_per_forward_op_of_every_block_and_micro_batch():
+    # tiny-4l: 4 blocks, 4 micro-batches of 1 (batch 4 on one rank), 109 forward ops a Llama block.
+    recompute, forward = _recompute_and_forward("full", checkpoint_op_s=1e-5)
+    assert recompute == pytest.approx(4 * 4 * 109 * 1e-5, rel=1e-9)
+    assert forward == pytest.approx(0.0, abs=1e-12)
+
+
+def test_selective_policy_cost_is_shared_by_the_forward_and_the_replay():
+    recompute, forward = _recompute_and_forward("selective", checkpoint_op_s=0.0, sac_op_s=2e-5)
+    assert recompute == pytest.approx(4 * 4 * 109 * 1e-5, rel=1e-9)
+    assert forward == pytest.approx(4 * 4 * 109 * 1e-5, rel=1e-9)
+
+
+def test_a_profile_without_checkpoint_costs_prices_the_counted_replay_ops():
+    """Profiles measured before checkpoint_op_s and sac_op_s existed keep their old prices: the replay's
+    counted ops at op_dispatch_s, and the policy's Python dispatch on the forward's and the replay's ops."""
+    recompute, _ = _recompute_and_forward("full", op_dispatch_s=3e-6)
+    assert recompute == pytest.approx(4 * 4 * BLOCK_OPS["llama"].recompute * 3e-6, rel=1e-9)
+    recompute, forward = _recompute_and_forward("selective", python_dispatch_s=2e-5)
+    ops = BLOCK_OPS["llama"]
+    assert recompute + forward == pytest.approx(4 * 4 * (ops.forward + ops.recompute) * 2e-5, rel=1e-9)

@@ -1,0 +1,45 @@
+"""bench/host.py: the chains it times do what its per-op costs assume."""
+
+from __future__ import annotations
+
+import torch
+
+from meshplan.bench.host import CHAIN, Chain, checkpointed, count_ops
+from meshplan.profiles import load_profile
+from meshplan.profiles.schema import profile_from_dict
+
+
+def _step(module: torch.nn.Module) -> int:
+    x = torch.ones(8, requires_grad=True)
+    return count_ops(lambda: module(x).sum().backward())
+
+
+def test_the_plain_chain_dispatches_one_op_forward_and_one_backward_per_link():
+    # CHAIN tanh, CHAIN tanh_backward, and the sum and its seed (ones_like, expand); a fresh leaf's gradient
+    # is stored, not added. The detaches a dispatch mode adds per saved tensor are not counted.
+    assert _step(Chain()) == 2 * CHAIN + 3
+
+
+def test_both_wrappers_replay_the_whole_forward_once():
+    plain = _step(Chain())
+    assert _step(checkpointed(selective=False)) == plain + CHAIN
+    assert _step(checkpointed(selective=True)) == plain + CHAIN
+
+
+def test_wrapped_chains_give_the_plain_chains_gradient():
+    x = torch.linspace(-1, 1, 8, requires_grad=True)
+    Chain()(x).sum().backward()
+    want = x.grad.clone()
+    for selective in (False, True):
+        x.grad = None
+        checkpointed(selective)(x).sum().backward()
+        assert torch.equal(x.grad, want)
+
+
+def test_profiles_without_checkpoint_costs_load_and_keep_them_unset():
+    data = load_profile("cpu-gloo").to_dict()
+    data["overheads"].pop("checkpoint_op_s")
+    got = profile_from_dict(data, "test")
+    assert got.overheads.checkpoint_op_s is None and got.overheads.sac_op_s is None
+    data["overheads"]["checkpoint_op_s"] = 1.5e-5
+    assert profile_from_dict(data, "test").overheads.checkpoint_op_s == 1.5e-5
