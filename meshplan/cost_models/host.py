@@ -27,6 +27,7 @@ from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import ClusterProfile, Overheads
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.rules import cp_gather_tiles
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,15 @@ TP_DTENSOR_OPS = {("llama", True): PassCounts(42, 102, 86), ("llama", False): Pa
 # plus the all-reduce of each norm weight's (partial) gradient. Without SP: the row-parallel outputs'
 # all-reduces forward, the column-parallel inputs' gradients backward.
 TP_CALLS = {True: PassCounts(4, 6, 4), False: PassCounts(2, 2, 2)}
-# CP (runtime/context_parallel.py): positions, causal mask and concatenation around the K and V all-gathers
-# (forward, again when recomputed); backward all-reduces the K and V gradients.
-CP_OPS = PassCounts(26, 5, 26)
+# CP's gather path (gloo; runtime/context_parallel.py): K and V all-gathered, then attention in Python tile
+# by tile with an online softmax, backward re-gathers K/V and reduce-scatters their gradients. Per block and
+# micro-batch, counted on tiny-4l at seq 128 and 2048 (5 and 18 visible tiles on each of 2 ranks, 2 and 4 of
+# them diagonal): a fixed part (the SDPA call it replaces taken off), one set per visible query x key tile
+# pair, and the causal mask's 3 more on the diagonal ones. The ring path (NCCL) runs on GPUs, where host
+# work is not priced.
+CP_GATHER_OPS = PassCounts(19, 23)
+CP_GATHER_TILE_OPS = PassCounts(44, 69)
+CP_GATHER_MASK_OPS = 3
 CP_CALLS = PassCounts(2, 2, 2)
 # Final norm, output projection and cross-entropy (last stage); the token embedding (first stage). Under TP
 # they all run on DTensors (loss_parallel), with SP's reduce-scatter / all-gather at both ends and the final
@@ -128,21 +135,31 @@ def block_host(lay: Layout) -> tuple[HostOps, HostOps, HostOps]:
     arch = lay.spec.arch
     ops = BLOCK_OPS[arch]
     replay = 1.0 if recomputed_kinds(lay.ac, lay.sac_ops, arch, lay.attention_kernel) else 0.0
-    f, b, r = HostOps(ops.forward), HostOps(ops.backward), HostOps(checkpointed=ops.forward * replay)
+    f, b, r = HostOps(ops.forward), HostOps(ops.backward), HostOps()
     if lay.tp > 1:
         dt, calls = TP_DTENSOR_OPS[(arch, lay.sp)], TP_CALLS[lay.sp]
         f += HostOps(python=dt.forward, calls=calls.forward)
         b += HostOps(python=dt.backward, calls=calls.backward)
         r += HostOps(python=dt.recompute, calls=calls.recompute) * replay
     if lay.cp > 1:
-        f += HostOps(CP_OPS.forward, calls=CP_CALLS.forward)
-        b += HostOps(CP_OPS.backward, calls=CP_CALLS.backward)
-        r += HostOps(CP_OPS.recompute, calls=CP_CALLS.recompute) * replay
+        cp_f, cp_b = cp_gather_ops(lay)
+        f += HostOps(cp_f, calls=CP_CALLS.forward)
+        b += HostOps(cp_b, calls=CP_CALLS.backward)
+        r += HostOps(calls=CP_CALLS.recompute) * replay
+    r += HostOps(checkpointed=f.ops * replay)
     if lay.ac == "selective":
         # The policy's dispatch mode sees every op of the block's forward and of its replay: half each.
         f += HostOps(policy=f.ops / 2)
         r += HostOps(policy=f.ops / 2)
     return f, b, r
+
+
+def cp_gather_ops(lay: Layout) -> tuple[float, float]:
+    """(forward, backward) ops CP's gather path adds to one block for one micro-batch."""
+    visible, diagonal = cp_gather_tiles(lay.seq_len, lay.cp)
+    mask = CP_GATHER_MASK_OPS * diagonal
+    return (CP_GATHER_OPS.forward + CP_GATHER_TILE_OPS.forward * visible + mask,
+            CP_GATHER_OPS.backward + CP_GATHER_TILE_OPS.backward * visible + mask)
 
 
 def _end_host(lay: Layout, ops: PassCounts, tp_calls: PassCounts) -> tuple[HostOps, HostOps]:

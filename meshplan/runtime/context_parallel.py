@@ -21,9 +21,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
 from meshplan.runtime.model import SeqLayout, Transformer
-from meshplan.specs.rules import RING, backend_for_device, cp_attention_kind, cp_kv_repeated
-
-TILE = 256  # query/key tile of the gather path: scores are (heads x TILE x TILE), whatever S is
+from meshplan.specs.rules import CP_GATHER_TILE, RING, backend_for_device, cp_attention_kind, cp_kv_repeated
 
 
 # --- gather path (gloo) --------------------------------------------------------------------------
@@ -39,7 +37,7 @@ class _Span:
 
 def chunk_spans(layout: SeqLayout, local_len: int, tile: int | None = None) -> list[_Span]:
     """This rank's sequence as tiles of global positions (each of its two chunks cut into tiles)."""
-    tile = tile or TILE
+    tile = tile or CP_GATHER_TILE
     chunk = local_len // 2
     firsts = (layout.cp_rank, 2 * layout.cp_size - 1 - layout.cp_rank)
     spans = []

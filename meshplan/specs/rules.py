@@ -31,6 +31,19 @@ def cp_attention_kind(backend: str) -> str:
     return RING if backend == NCCL else GATHER
 
 
+# The gather path's query/key tile: scores are (heads x tile x tile) whatever the sequence length.
+CP_GATHER_TILE = 256
+
+
+def cp_gather_tiles(seq_len: int, cp: int) -> tuple[int, int]:
+    """(visible, diagonal) query-tile x key-tile pairs the gather path computes on each CP rank. A rank
+    holds chunks r and 2cp-1-r of 2cp, each cut into t tiles; the query tile at global tile index g sees
+    the g tiles before it and its own (the diagonal, causally masked): summed over the rank's tiles,
+    (2cp-1) t^2 + t(t+1), the same on every rank."""
+    t = -(-(seq_len // (2 * cp)) // CP_GATHER_TILE)
+    return (2 * cp - 1) * t * t + t * (t + 1), 2 * t
+
+
 FUSED, COMPOSITE = "fused", "composite"
 
 

@@ -199,3 +199,31 @@ def test_a_profile_without_checkpoint_costs_prices_the_counted_replay_ops():
     recompute, forward = _recompute_and_forward("selective", python_dispatch_s=2e-5)
     ops = BLOCK_OPS["llama"]
     assert recompute + forward == pytest.approx(4 * 4 * (ops.forward + ops.recompute) * 2e-5, rel=1e-9)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(240)
+def test_cp_gather_op_counts_match_the_runtime(tmp_path):
+    """A block under CP 2 on gloo, counted in the runtime at 5 and 18 visible tiles per rank."""
+    import json
+    import os
+    import subprocess
+
+    out = tmp_path / "cp_counts.json"
+    seqs = (128, 2048)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+           str(Path(__file__).parent / "cp_count_worker.py"), str(out), *map(str, seqs)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=220, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    counted = json.loads(out.read_text())
+    for seq in seqs:
+        lay = layout_of(plan_from_dict({
+            "model": "tiny-4l", "cluster": "cpu-gloo", "gpus": 2,
+            "training": {"seq_len": seq, "global_batch": 2, "micro_batch": 1, "dtype": "fp32"},
+            "parallel": {"dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1, "pp": 1, "sequence_parallel": False,
+                         "async_tp": False, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None},
+            "memory": {"activation_checkpointing": "none", "sac_ops": None, "float8": False,
+                       "reshard_after_forward": True},
+            "compile": False}))
+        f, b, _ = block_host(lay)
+        assert counted[str(seq)] == [pytest.approx(f.ops, rel=0.05), pytest.approx(b.ops, rel=0.05)], seq

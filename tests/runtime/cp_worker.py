@@ -48,9 +48,9 @@ def peak_bytes(seq: int, layout: SeqLayout) -> int:
 def main() -> None:
     dist.init_process_group("gloo")
     layout = SeqLayout(dist.get_rank(), dist.get_world_size())
-    cp.TILE = 8  # several tiles per chunk at the small numeric sizes
+    cp.CP_GATHER_TILE = 8  # several tiles per chunk at the small numeric sizes
     err = max(numeric_error(h, hk, 64, layout) for h, hk in ((4, 2), (4, 4), (2, 1)))
-    cp.TILE = 256
+    cp.CP_GATHER_TILE = 256
     peaks = [peak_bytes(s, layout) for s in MEMORY_SEQS]
     buf = torch.tensor([err] + peaks, dtype=torch.float64)
     dist.all_reduce(buf, op=dist.ReduceOp.MAX)

@@ -16,10 +16,11 @@ import torch.nn.functional as F
 from meshplan.cost_models.estimate import estimate_plan
 from meshplan.cost_models.layout import layout_of, runtime_paths
 from meshplan.profiles import load_profile
-from meshplan.runtime.context_parallel import _visibility, chunk_spans, shard_sequence
+from meshplan.runtime.context_parallel import _visibility, _visible_tiles, chunk_spans, shard_sequence
 from meshplan.runtime.model import SeqLayout, build_model
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import plan_from_dict
+from meshplan.specs.rules import cp_gather_tiles
 from plan_base import base_plan
 
 HERE = Path(__file__).parent
@@ -77,6 +78,14 @@ def test_tiles_cover_exactly_the_causal_pairs(cp, local, tile):
                 cols = src * local + ks.local
                 seen[qs.local:qs.local + qs.length, cols:cols + ks.length] += block
         assert torch.equal(seen, (k_pos[None, :] <= q_pos[:, None]).long())
+
+
+@pytest.mark.parametrize("seq, cp", [(128, 2), (2048, 2), (4096, 4), (8192, 8), (3072, 2)])
+def test_the_estimates_tile_count_is_the_runtimes(seq, cp):
+    """cp_gather_tiles (what the estimate prices) against the tiles the runtime visits, on every rank."""
+    for rank in range(cp):
+        tiles = list(_visible_tiles(SeqLayout(rank, cp), seq // cp))
+        assert (len(tiles), sum(causal for *_, causal in tiles)) == cp_gather_tiles(seq, cp), (seq, cp, rank)
 
 
 @pytest.mark.distributed
