@@ -80,13 +80,35 @@ def plan_of(spec: tuple, cluster: str = CLUSTER, gpus: int = GPUS) -> Plan:
         "compile": False})
 
 
+def host_op_us() -> float:
+    """This host's speed right now: microseconds per op of profile-cluster's plain op chain, one process."""
+    import statistics
+    import time
+
+    import torch
+
+    from meshplan.bench.host import Chain, count_ops
+
+    x, chain = torch.ones(8, requires_grad=True), Chain()
+    ops = count_ops(lambda: chain(x).sum().backward())
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            chain(x).sum().backward()
+        times.append((time.perf_counter() - t0) / 20)
+    return statistics.median(times) / ops * 1e6
+
+
 def measured(plan: Plan, run_dir: Path, steps: int) -> Run | None:
-    """Run the plan unless run_dir already holds a summary; None (and say why) when the run fails."""
+    """Run the plan unless run_dir already holds a summary; None (and say why) when the run fails. The host's
+    speed just before the run is printed beside it: a shared VM drifts, and the profile saw one moment."""
     if not (run_dir / "summary.json").is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_yaml(run_dir / "plan.yaml", plan.to_dict())
+        speed = host_op_us()
         out = run_plan(run_dir / "plan.yaml", run_dir, steps, timeout_s=900)
-        print(f"  {run_dir.name}: {out.status} {out.reason}", flush=True)
+        print(f"  {run_dir.name}: {out.status} {out.reason} (host {speed:.2f} us/op before it)", flush=True)
         if out.status != "ok":
             return None
     return load_run(str(run_dir))
@@ -143,6 +165,8 @@ def main() -> int:
     cluster = fresh_profile(out, gpus) if args.fresh_profile else CLUSTER
     base = load_profile(cluster)
     print(f"{MODEL} on {gpus} CPU processes ({cluster}), seq {SEQ}, global batch {BATCH}, {args.steps} steps per run")
+    print(f"profile: op_dispatch_s {base.overheads.op_dispatch_s * 1e6:.2f} us/op (all ranks at once; one process "
+          f"now: {host_op_us():.2f})")
     print(load_line("before"), flush=True)
     runs = [r for i, spec in enumerate(layouts)
             if (r := measured(plan_of(spec, cluster, gpus), out / f"plan{i:02d}", args.steps))]

@@ -11,11 +11,12 @@ from typing import Any
 import torch
 
 from meshplan.errors import InputError
-from meshplan.cost_models.comm import bus_factor
+from meshplan.cost_models.comm import bus_factor, p2p_time
 from meshplan.profiles import fit
 from meshplan.profiles.fit import TARGET, collective_entry, sig, written_error
 from meshplan.profiles.registry import load_profile, nearest_builtin
 from meshplan.bench.env import BenchEnv
+from meshplan.bench.pipeline import action_seconds, payload_bytes as pipeline_payload_bytes
 from meshplan.bench.peaks import cores_per_device, cpu_peaks, gpu_datasheet_peaks, resolve_peaks
 from meshplan.bench.progress import Reporter
 from meshplan.bench.worker import RawResults, WorkerOptions
@@ -222,6 +223,9 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "collective_points": [{k: (sig(v) if isinstance(v, float) else v) for k, v in p.items()}
                               for p in raw.collective_points],
     }
+    if raw.pipeline_steps:
+        data["overheads"].update(_pipeline_overheads(raw, profile_from_dict(data, "measured profile")))
+        prov["overheads.pipeline"] = _pipeline_source(raw)
     return profile_from_dict(data, "measured profile"), data, errors
 
 
@@ -259,6 +263,23 @@ def _single_process_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults,
 
 def _host_overheads(raw: RawResults) -> dict[str, float]:
     return {k: sig(v, 3) for k, v in asdict(raw.host).items()}
+
+
+def _pipeline_overheads(raw: RawResults, prof: ClusterProfile) -> dict[str, float]:
+    """Per-action host time of each pipelining runtime, read through the estimate's own schedule simulation
+    and p2p time (bench/pipeline.py)."""
+    p2p = p2p_time(prof, pipeline_payload_bytes(), crosses_node=False)
+    names = {1: "pipeline_action_s", 2: "pipeline_multi_action_s"}
+    return {names[r["v"]]: sig(action_seconds(r, p2p), 3) for r in raw.pipeline_steps}
+
+
+def _pipeline_source(raw: RawResults) -> str:
+    steps = ", ".join(f"{r['schedule']} ({r['v']} stage(s) per rank) {r['step_s'] * 1e3:.2f} ms"
+                      for r in raw.pipeline_steps)
+    r = raw.pipeline_steps[0]
+    return (f"measured (bench/pipeline.py): the world as one pipeline of one-linear stages, {r['m']} micro-batches: "
+            f"{steps} per step (slowest rank, median over rounds); per action = the time at which the estimate's "
+            "schedule simulation, with the profile's p2p time, gives that step")
 
 
 def _in_step_overheads(raw: RawResults) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -14,6 +14,7 @@ from meshplan.errors import InputError
 from meshplan.bench import collectives as coll
 from meshplan.bench.host import HostCosts, bench_host_dispatch
 from meshplan.bench.in_step import measure_collective_sync
+from meshplan.bench.pipeline import measure_pipeline_steps
 from meshplan.bench import compute
 from meshplan.bench.env import BenchEnv, init_env, shutdown
 from meshplan.bench.memory import MemoryResult, measure_memory
@@ -57,6 +58,7 @@ class RawResults:
     elapsed_s: float
     host: HostCosts = HostCosts()  # per-op host costs (bench/host.py), medians over ranks; 0 on a GPU
     collective_sync_s: float | None = None  # per FSDP2 call in a step (CPU worlds of 2+ processes; in_step.py)
+    pipeline_steps: list[dict] = field(default_factory=list)  # CPU worlds of 2+ processes (bench/pipeline.py)
 
 
 def _median_over_ranks(points: list[dict], keys: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[dict]:
@@ -137,10 +139,12 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     host = HostCosts(*(_scalar_median(v) for v in astuple(host)))
     # One process: nothing to communicate with; the builder takes collectives from a built-in profile.
     points = _collective_section(env, opts, sets, budget, rep) if env.world > 1 else []
-    sync = measure_collective_sync(env, host.op_dispatch_s, opts.quick) if env.world > 1 and not env.is_cuda else None
+    in_step = env.world > 1 and not env.is_cuda
+    sync = measure_collective_sync(env, host.op_dispatch_s, opts.quick) if in_step else None
+    pipeline = measure_pipeline_steps(env, opts.quick) if in_step else []
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
     return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
-                      time.time() - start, host, sync)
+                      time.time() - start, host, sync, pipeline)
 
 
 def _scalar_min(value: float) -> float:

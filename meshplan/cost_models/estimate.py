@@ -12,13 +12,14 @@ from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
-from meshplan.cost_models.host import step_host_time
+from meshplan.cost_models.host import pipeline_action_s, pipeline_actions, step_host_time
 from meshplan.cost_models.layout import Layout, layout_of, runtime_paths
 from meshplan.cost_models.memory import GIB, kept_output_units, rank_memory, stage_params
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
 
 # Outer to inner, as TorchTitan builds its mesh: TP varies fastest so it stays inside a node.
 DEFAULT_MESH_ORDER = MESH_DIMS
@@ -126,13 +127,15 @@ def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
     head = head if head is not None else head_time(lay, prof)
     emb = emb if emb is not None else embedding_time(lay, prof)
     n_stages = lay.n_stages
+    act = pipeline_action_s(lay, prof.overheads)
+    w_act = act if lay.schedule in SPLIT_BACKWARD_SCHEDULES else 0.0  # W runs as an action of its own
     f, b, w = [], [], []
     for s in range(n_stages):
         layers = lay.stage_layers[s]
         f.append(layers * bt.forward_with_comm + (emb if s == 0 else 0.0)
-                 + (head.forward if s == n_stages - 1 else 0.0))
-        b.append(layers * bt.backward_input_with_comm + (head.backward if s == n_stages - 1 else 0.0))
-        w.append(layers * bt.backward_weight)
+                 + (head.forward if s == n_stages - 1 else 0.0) + act)
+        b.append(layers * bt.backward_input_with_comm + (head.backward if s == n_stages - 1 else 0.0) + act)
+        w.append(layers * bt.backward_weight + w_act)
     p2p = 0.0
     if lay.pp > 1:
         payload = lay.tokens_per_micro * lay.hidden_bytes_per_token
@@ -252,7 +255,8 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     time_s = _time_breakdown(lay, bt, head, emb, crit, busy[crit], makespan)
     time_s.update(data_detail)
     time_s["optimizer"] = optimizer
-    time_s["overhead"] = prof.overheads.step_overhead_s
+    # The pipeline's own host work per action sits in the critical rank's busy time, not in its compute.
+    time_s["overhead"] = prof.overheads.step_overhead_s + pipeline_actions(lay, crit) * pipeline_action_s(lay, prof.overheads)
 
     mems = [rank_memory(lay, r, in_flight[r], prof.overheads, kept[r]) for r in range(lay.pp)]
     peak = max(mems, key=lambda m: m.total)

@@ -27,7 +27,8 @@ from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import ClusterProfile, Overheads
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.rules import cp_gather_tiles
+from meshplan.specs.plan import SINGLE_STAGE_SCHEDULES
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES, cp_gather_tiles
 
 
 @dataclass(frozen=True)
@@ -213,10 +214,25 @@ def _data_parallel_host(lay: Layout, fsdp_units: int, parts: int, tensors: int) 
     return HostOps()
 
 
+def pipeline_action_s(lay: Layout, o: Overheads) -> float:
+    """Host time of one pipeline action on the runtime the plan's schedule runs on (0 without PP)."""
+    if lay.pp == 1:
+        return 0.0
+    return o.pipeline_action_s if lay.schedule in SINGLE_STAGE_SCHEDULES else o.pipeline_multi_action_s
+
+
+def pipeline_actions(lay: Layout, rank: int) -> int:
+    """Actions pipeline rank `rank` runs in a step: forward and backward (and weight, where the schedule
+    splits it) of each of its stages for every micro-batch."""
+    stages = sum(stage_rank(s, lay.pp, lay.schedule) == rank for s in range(lay.n_stages))
+    return lay.n_micro * stages * (3 if lay.schedule in SPLIT_BACKWARD_SCHEDULES else 2)
+
+
 def priced(prof: ClusterProfile) -> bool:
     """Whether the profile prices host work at all (the built-in GPU profiles do not)."""
     o = prof.overheads
-    return bool(o.op_dispatch_s or o.python_dispatch_s or o.collective_sync_s or o.checkpoint_op_s or o.sac_op_s)
+    return bool(o.op_dispatch_s or o.python_dispatch_s or o.collective_sync_s or o.checkpoint_op_s or o.sac_op_s
+                or o.pipeline_action_s or o.pipeline_multi_action_s)
 
 
 def step_host_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:

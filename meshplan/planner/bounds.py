@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from meshplan.cost_models.estimate import (StageDurations, StepParts, block_key, compose_step, group_spans,
                                            stage_durations, stage_inputs, step_parts)
+from meshplan.cost_models.host import pipeline_action_s
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.memory import GIB, STATE_BYTES, rank_memory
 from meshplan.cost_models.pipeline import makespan_lower_bound
 from meshplan.planner.space import Mesh
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
 
 
 class Bounds:
@@ -80,8 +82,12 @@ class Bounds:
             return stage_durations(probe.with_(stage_layers=layers), self.prof, *ref)
 
         ends, mid = durations((0, 0, 0)), durations((0, 1, 0))
-        return (mid.forward[1], mid.backward[1] + mid.weight[1], ends.forward[0], ends.forward[2] + ends.backward[2],
-                ends.p2p)
+        # Each duration carries one pipeline action's host time, which is not linear in layers: left out,
+        # the bound stays below the makespan.
+        act = pipeline_action_s(probe, self.prof.overheads)
+        w_act = act if probe.schedule in SPLIT_BACKWARD_SCHEDULES else 0.0
+        return (mid.forward[1] - act, mid.backward[1] + mid.weight[1] - act - w_act, ends.forward[0] - act,
+                ends.forward[2] + ends.backward[2] - 2 * act, ends.p2p)
 
     def leaf_bound(self, lay: Layout, parts: StepParts) -> float:
         """The leaf's step with its schedule's makespan lower bound: no simulation of it does better."""

@@ -118,6 +118,11 @@ class Overheads:
     # (cost_models/host.py).
     checkpoint_op_s: float | None = None
     sac_op_s: float | None = None
+    # Per pipeline action (one stage's forward, backward or weight pass of one micro-batch): the schedule's
+    # Python, and its sends and receives waited in line; PyTorch runs one stage per rank (GPipe, 1F1B) and
+    # several (the looped and V-shaped schedules) on different runtimes, which cost differently.
+    pipeline_action_s: float = 0.0
+    pipeline_multi_action_s: float = 0.0
 
 
 @dataclass

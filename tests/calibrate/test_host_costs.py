@@ -27,6 +27,18 @@ from meshplan.specs.registry import resolve_model  # noqa: E402
 HOST = {"op_dispatch_s": 4e-5, "python_dispatch_s": 1.5e-4, "collective_sync_s": 4e-3}
 
 
+def tiny_plan(gpus: int, seq: int = 128, batch: int = 8, mb: int = 1, ac: str = "none", r: int = 1, s: int = 1,
+              c: int = 1, t: int = 1, pp: int = 1, schedule: str = "1F1B", v: int = 1) -> Plan:
+    """tiny-4l on cpu-gloo, fp32, no float8 or compile: the layouts these tests count and price."""
+    return plan_from_dict({
+        "model": "tiny-4l", "cluster": "cpu-gloo", "gpus": gpus,
+        "training": {"seq_len": seq, "global_batch": batch, "micro_batch": mb, "dtype": "fp32"},
+        "parallel": {"dp_replicate": r, "dp_shard": s, "cp": c, "tp": t, "pp": pp, "sequence_parallel": t > 1,
+                     "async_tp": False, "pp_schedule": schedule, "pp_virtual_stages": v, "pp_layers": None},
+        "memory": {"activation_checkpointing": ac, "sac_ops": None, "float8": False, "reshard_after_forward": True},
+        "compile": False})
+
+
 class _OpCounter:
     """Counts the aten ops dispatched inside a `with` block (a TorchDispatchMode)."""
 
@@ -116,13 +128,7 @@ RUNTIME_CALLS = {
 @pytest.mark.parametrize("mesh, calls", RUNTIME_CALLS.items())
 def test_collective_call_counts_match_the_runtime(mesh, calls):
     r, s, c, t, mb, ac = mesh
-    lay = layout_of(plan_from_dict({
-        "model": "tiny-4l", "cluster": "cpu-gloo", "gpus": 4,
-        "training": {"seq_len": 128, "global_batch": 8, "micro_batch": mb, "dtype": "fp32"},
-        "parallel": {"dp_replicate": r, "dp_shard": s, "cp": c, "tp": t, "pp": 1, "sequence_parallel": t > 1,
-                     "async_tp": False, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None},
-        "memory": {"activation_checkpointing": ac, "sac_ops": None, "float8": False, "reshard_after_forward": True},
-        "compile": False}))
+    lay = layout_of(tiny_plan(4, mb=mb, ac=ac, r=r, s=s, c=c, t=t))
     f, b, r = block_host(lay)
     hf, hb = head_host(lay)
     per_micro = (f + b + r) * lay.spec.n_layers + hf + hb + embedding_host(lay)
@@ -155,16 +161,6 @@ def test_calibration_recovers_host_costs_of_a_tiny_model(tmp_path):
         assert fit.after[name] == pytest.approx(fit.before[name], rel=0.03), name
 
 
-def _one_rank_plan(ac: str) -> Plan:
-    return plan_from_dict({
-        "model": "tiny-4l", "cluster": "cpu-gloo", "gpus": 1,
-        "training": {"seq_len": 128, "global_batch": 4, "micro_batch": 1, "dtype": "fp32"},
-        "parallel": {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "sequence_parallel": False,
-                     "async_tp": False, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None},
-        "memory": {"activation_checkpointing": ac, "sac_ops": None, "float8": False, "reshard_after_forward": True},
-        "compile": False})
-
-
 def _with_host(**values) -> ClusterProfile:
     prof = load_profile("cpu-gloo")
     return replace(prof, overheads=replace(prof.overheads, **values))
@@ -173,7 +169,7 @@ def _with_host(**values) -> ClusterProfile:
 def _recompute_and_forward(ac: str, **host) -> tuple[float, float]:
     from meshplan.cost_models.estimate import estimate_plan
 
-    base, priced_ = (estimate_plan(_one_rank_plan(ac), prof) for prof in (_with_host(), _with_host(**host)))
+    base, priced_ = (estimate_plan(tiny_plan(1, batch=4, ac=ac), prof) for prof in (_with_host(), _with_host(**host)))
     return (priced_.time_s["recompute"] - base.time_s["recompute"],
             priced_.time_s["compute"] - base.time_s["compute"])
 
@@ -217,13 +213,28 @@ def test_cp_gather_op_counts_match_the_runtime(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     counted = json.loads(out.read_text())
     for seq in seqs:
-        lay = layout_of(plan_from_dict({
-            "model": "tiny-4l", "cluster": "cpu-gloo", "gpus": 2,
-            "training": {"seq_len": seq, "global_batch": 2, "micro_batch": 1, "dtype": "fp32"},
-            "parallel": {"dp_replicate": 1, "dp_shard": 1, "cp": 2, "tp": 1, "pp": 1, "sequence_parallel": False,
-                         "async_tp": False, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None},
-            "memory": {"activation_checkpointing": "none", "sac_ops": None, "float8": False,
-                       "reshard_after_forward": True},
-            "compile": False}))
+        lay = layout_of(tiny_plan(2, seq=seq, batch=2, c=2))
         f, b, _ = block_host(lay)
         assert counted[str(seq)] == [pytest.approx(f.ops, rel=0.05), pytest.approx(b.ops, rel=0.05)], seq
+
+
+@pytest.mark.parametrize("schedule, v, split", [("1F1B", 1, False), ("Interleaved1F1B", 2, False),
+                                                ("InterleavedZeroBubble", 2, True)])
+def test_every_pipeline_action_carries_its_runtimes_host_time(schedule, v, split):
+    from meshplan.cost_models.estimate import estimate_plan, group_spans, stage_durations
+    from meshplan.cost_models.layout import runtime_paths
+
+    plan = tiny_plan(2, pp=2, schedule=schedule, v=v)
+    single, multi = 3e-4, 7e-4
+    base, priced_ = _with_host(), _with_host(pipeline_action_s=single, pipeline_multi_action_s=multi)
+    act = single if v == 1 else multi
+    lay = runtime_paths(layout_of(plan), base)
+    spans = group_spans(lay, base, ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
+    d0, d1 = stage_durations(lay, base, spans), stage_durations(lay, priced_, spans)
+    assert [b - a for a, b in zip(d0.forward, d1.forward)] == pytest.approx([act] * 2 * v)
+    assert [b - a for a, b in zip(d0.backward, d1.backward)] == pytest.approx([act] * 2 * v)
+    assert [b - a for a, b in zip(d0.weight, d1.weight)] == pytest.approx([act if split else 0.0] * 2 * v)
+    # 8 micro-batches, v stages a rank, 2 or 3 actions each: what the breakdown reports as overhead.
+    est = estimate_plan(plan, priced_)
+    assert est.time_s["overhead"] == pytest.approx(8 * v * (3 if split else 2) * act)
+    assert estimate_plan(plan, base).time_s["overhead"] == 0.0

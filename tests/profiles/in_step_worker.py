@@ -1,5 +1,6 @@
 """One rank of the in-step measurement test (run as a script by test_in_step.py): counts the FSDP2
-model's collectives with torch.profiler, then measures the per-call sync time (quick settings)."""
+model's collectives with torch.profiler, then measures the per-call sync time and the pipeline steps
+(quick settings)."""
 
 import json
 import os
@@ -10,6 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from meshplan.bench import in_step
 from meshplan.bench.env import init_env, shutdown
+from meshplan.bench.pipeline import measure_pipeline_steps
 
 
 def collective_counts(model: torch.nn.Module) -> dict[str, int]:
@@ -31,9 +33,10 @@ def main(out: str) -> None:
     in_step.shard_blocks(model, mesh)
     counts = collective_counts(model)
     sync = in_step.measure_collective_sync(env, op_dispatch_s=3e-6, quick=True)
+    steps = measure_pipeline_steps(env, quick=True)
     if env.rank == 0:
         with open(out, "w") as f:
-            json.dump({**counts, "units": in_step.UNITS, "collective_sync_s": sync}, f)
+            json.dump({**counts, "units": in_step.UNITS, "collective_sync_s": sync, "pipeline": steps}, f)
     shutdown()
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from meshplan.bench.host import CHAIN, Chain, checkpointed, count_ops
+from meshplan.bench.pipeline import action_seconds
 from meshplan.profiles import load_profile
 from meshplan.profiles.schema import profile_from_dict
 
@@ -43,3 +45,16 @@ def test_profiles_without_checkpoint_costs_load_and_keep_them_unset():
     assert got.overheads.checkpoint_op_s is None and got.overheads.sac_op_s is None
     data["overheads"]["checkpoint_op_s"] = 1.5e-5
     assert profile_from_dict(data, "test").overheads.checkpoint_op_s == 1.5e-5
+
+
+@pytest.mark.parametrize("schedule, v, m", [("1F1B", 1, 8), ("Interleaved1F1B", 2, 8), ("Interleaved1F1B", 2, 16)])
+def test_the_per_action_cost_is_read_back_through_the_schedule_simulation(schedule, v, m):
+    """A step simulated with known action and p2p times gives the action time back."""
+    from meshplan.cost_models.pipeline import simulate
+
+    n, action, p2p = 2 * v, 4e-4, 2e-4
+    step = simulate(schedule, 2, v, m, [action] * n, [action] * n, [0.0] * n, p2p).makespan
+    record = {"schedule": schedule, "pp": 2, "v": v, "m": m, "step_s": step}
+    assert action_seconds(record, p2p) == pytest.approx(action, rel=1e-6)
+    # Transfers slower than the whole measured step: nothing is left to the actions.
+    assert action_seconds(record, step) == 0.0

@@ -1,4 +1,5 @@
-"""profile-cluster's per-call collective sync time (bench/in_step.py) on two gloo ranks, with a hard timeout."""
+"""profile-cluster's per-call collective sync time (bench/in_step.py) and pipeline steps (bench/pipeline.py)
+on two gloo ranks, with a hard timeout."""
 
 import json
 import os
@@ -45,3 +46,8 @@ def test_fsdp_model_issues_the_calls_it_divides_by_and_the_sync_time_is_physical
     # Per call: more than nothing cannot be promised on every host, but a 128-wide block's call
     # taking 50 ms would be a broken measurement (it is ~1 ms on a 2-core VM).
     assert 0.0 <= got["collective_sync_s"] < 0.05
+    # The world as one pipeline, on both of PyTorch's runtimes: the looped one runs twice the actions.
+    single, multi = got["pipeline"]
+    assert (single["schedule"], single["v"], multi["schedule"], multi["v"]) == ("1F1B", 1, "Interleaved1F1B", 2)
+    assert single["m"] == multi["m"] == 8 and single["pp"] == multi["pp"] == 2
+    assert 0.0 < single["step_s"] < multi["step_s"] < 1.0
