@@ -16,7 +16,10 @@ that profile, as a newcomer's loop would, instead of the built-in cpu-gloo.
 
 Run directories are kept; a rerun reuses every run that already has a summary.json. The default 10 steps
 time 8 (the first 2 are warm-up): with 2 timed steps, medians of one plan on a shared 2-core host
-scattered by up to 3x between reruns. The host's load average is printed before and after.
+scattered by up to 3x between reruns. The host's load average is printed before and after, and its speed
+(microseconds per op of a plain op chain) before each run: on a shared VM it switches between two levels
+about 1.8x apart for minutes at a time. So each plan runs --passes times (default 2), in whole passes over
+the layouts, and its fastest run counts, as timeit takes the best of its repeats.
 """
 
 from __future__ import annotations
@@ -124,11 +127,21 @@ def same_plan(a: Plan, b: Plan) -> bool:
     return plan_params(a) == plan_params(b) and a.parallel.pp_layers == b.parallel.pp_layers
 
 
-def find_or_run(plan: Plan, runs: list[Run], out: Path, name: str, steps: int) -> Run | None:
+def pass_dir(out: Path, name: str, k: int) -> Path:
+    return out / (name if k == 0 else f"{name}.pass{k + 1}")
+
+
+def fastest(tries: list[Run | None]) -> Run | None:
+    """The run with the shortest measured step among a plan's passes (failed ones left out)."""
+    done = [r for r in tries if r is not None]
+    return min(done, key=lambda r: r.step_time_s) if done else None
+
+
+def find_or_run(plan: Plan, runs: list[Run], out: Path, name: str, steps: int, passes: int) -> Run | None:
     for r in runs:
         if same_plan(r.plan, plan):
             return r
-    run = measured(plan, out / name, steps)
+    run = fastest([measured(plan, pass_dir(out, name, k), steps) for k in range(passes)])
     if run is not None:
         runs.append(run)
     return run
@@ -157,6 +170,9 @@ def main() -> int:
     ap.add_argument("--fresh-profile", action="store_true",
                     help="first measure this machine with `meshplan profile-cluster --quick` and predict with that "
                          "profile instead of the built-in cpu-gloo (the newcomer's loop, issue 18)")
+    ap.add_argument("--passes", type=int, default=2,
+                    help="runs of each plan, in whole passes over the layouts; the fastest counts (a shared VM "
+                         "slows some runs by up to 2x: the host's speed before each run is printed)")
     ap.add_argument("--ranks", type=int, choices=(2, 4), default=GPUS,
                     help="processes per run: 4 (13 layouts, as cpu-gloo was measured) or 2 (10 layouts)")
     args = ap.parse_args()
@@ -168,12 +184,16 @@ def main() -> int:
     print(f"profile: op_dispatch_s {base.overheads.op_dispatch_s * 1e6:.2f} us/op (all ranks at once; one process "
           f"now: {host_op_us():.2f})")
     print(load_line("before"), flush=True)
-    runs = [r for i, spec in enumerate(layouts)
-            if (r := measured(plan_of(spec, cluster, gpus), out / f"plan{i:02d}", args.steps))]
-    choice_before = find_or_run(planner_choice(base, cluster, gpus), runs, out, "planner-before", args.steps)
+    # Whole passes over the layouts, so that a slow spell of the host hits different plans in each pass.
+    tries = [[measured(plan_of(spec, cluster, gpus), pass_dir(out, f"plan{i:02d}", k), args.steps)
+              for i, spec in enumerate(layouts)] for k in range(args.passes)]
+    runs = [r for per_plan in zip(*tries) if (r := fastest(list(per_plan)))]
+    choice_before = find_or_run(planner_choice(base, cluster, gpus), runs, out, "planner-before", args.steps,
+                                args.passes)
     fit = calibrate(runs, base)
     calibrated = replace(fit.profile, name=f"{CLUSTER}-calibrated")
-    choice_after = find_or_run(planner_choice(calibrated, cluster, gpus), runs, out, "planner-after", args.steps)
+    choice_after = find_or_run(planner_choice(calibrated, cluster, gpus), runs, out, "planner-after", args.steps,
+                               args.passes)
     print(f"\n{len(runs)} measured runs (failed runs are left out)")
     print(f"{'run':<16} {'plan':<46} {'meas tok/s':>10} {'pred before':>11} {'pred after':>10}")
     before, after = predict(runs, base), predict(runs, calibrated)

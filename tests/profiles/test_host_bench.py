@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from meshplan.bench.host import CHAIN, Chain, checkpointed, count_ops
+from meshplan.bench.host import CHAIN, Chain, SavingChain, checkpointed, count_ops
 from meshplan.bench.pipeline import action_seconds
 from meshplan.profiles import load_profile
 from meshplan.profiles.schema import profile_from_dict
@@ -16,21 +16,22 @@ def _step(module: torch.nn.Module) -> int:
     return count_ops(lambda: module(x).sum().backward())
 
 
-def test_the_plain_chain_dispatches_one_op_forward_and_one_backward_per_link():
-    # CHAIN tanh, CHAIN tanh_backward, and the sum and its seed (ones_like, expand); a fresh leaf's gradient
-    # is stored, not added. The detaches a dispatch mode adds per saved tensor are not counted.
-    assert _step(Chain()) == 2 * CHAIN + 3
+@pytest.mark.parametrize("chain", [Chain, SavingChain])
+def test_each_chain_dispatches_one_op_forward_and_one_backward_per_link(chain):
+    # CHAIN ops, their CHAIN grad ops, and the sum and its seed (ones_like, expand); a fresh leaf's gradient
+    # is stored, not added. The detaches a dispatch mode adds per saved tensor (tanh's) are not counted.
+    assert _step(chain()) == 2 * CHAIN + 3
 
 
 def test_both_wrappers_replay_the_whole_forward_once():
-    plain = _step(Chain())
+    plain = _step(SavingChain())
     assert _step(checkpointed(selective=False)) == plain + CHAIN
     assert _step(checkpointed(selective=True)) == plain + CHAIN
 
 
 def test_wrapped_chains_give_the_plain_chains_gradient():
     x = torch.linspace(-1, 1, 8, requires_grad=True)
-    Chain()(x).sum().backward()
+    SavingChain()(x).sum().backward()
     want = x.grad.clone()
     for selective in (False, True):
         x.grad = None
