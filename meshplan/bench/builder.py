@@ -16,6 +16,7 @@ from meshplan.profiles import fit
 from meshplan.profiles.fit import TARGET, collective_entry, sig, written_error
 from meshplan.profiles.registry import load_profile, nearest_builtin
 from meshplan.bench.env import BenchEnv
+from meshplan.bench.in_step import sync_per_call
 from meshplan.bench.pipeline import action_seconds, payload_bytes as pipeline_payload_bytes
 from meshplan.bench.peaks import cores_per_device, cpu_peaks, gpu_datasheet_peaks, resolve_peaks
 from meshplan.bench.progress import Reporter
@@ -218,11 +219,14 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "max_nodes": max_nodes,
         "links": links,
         "collectives": fits,
-        "overheads": {"context_gib": sig(raw.memory.context_gib, 3), **_host_overheads(raw), **_in_step_overheads(raw)},
+        "overheads": {"context_gib": sig(raw.memory.context_gib, 3), **_host_overheads(raw)},
         "provenance": prov,
         "collective_points": [{k: (sig(v) if isinstance(v, float) else v) for k, v in p.items()}
                               for p in raw.collective_points],
     }
+    # In-step terms are what a measured step leaves after what the estimate prices from this profile.
+    if raw.fsdp_steps is not None:
+        data["overheads"].update(_in_step_overheads(raw, profile_from_dict(data, "measured profile")))
     if raw.pipeline_steps:
         data["overheads"].update(_pipeline_overheads(raw, profile_from_dict(data, "measured profile")))
         prov["overheads.pipeline"] = _pipeline_source(raw)
@@ -282,21 +286,20 @@ def _pipeline_source(raw: RawResults) -> str:
             "schedule simulation, with the profile's p2p time, gives that step")
 
 
-def _in_step_overheads(raw: RawResults) -> dict[str, float]:
+def _in_step_overheads(raw: RawResults, prof: ClusterProfile) -> dict[str, float]:
     """CPU: nothing hides a collective (bench/in_step.py), and what each FSDP2 call costs in a step."""
-    if raw.collective_sync_s is None:
-        return {}
-    return {"fsdp_overlap": 0.0, "cp_overlap": 0.0, "collective_sync_s": sig(raw.collective_sync_s, 3)}
+    sync = sync_per_call(raw.fsdp_steps, raw.host.op_dispatch_s, prof)
+    return {"fsdp_overlap": 0.0, "cp_overlap": 0.0, "collective_sync_s": sig(sync, 3)}
 
 
 def _in_step_source(raw: RawResults) -> str:
-    if raw.collective_sync_s is None:
+    if raw.fsdp_steps is None:
         return "not measured (GPU, or one process): fsdp_overlap, cp_overlap and collective_sync_s keep their defaults"
     return ("fsdp_overlap = cp_overlap = 0: on a CPU, FSDP2's collective streams are the one CPU stream and gloo "
             "work is waited in line (torch fsdp/_fully_shard/_fsdp_param_group.py, get_all_gather_streams); "
             "collective_sync_s measured (bench/in_step.py): per FSDP2 call of a 4-block model, its step less the "
-            "unsharded step, the priced hook ops and the back-to-back transfers; slowest rank per round, median "
-            "over rounds")
+            "unsharded step, the hook ops at op_dispatch_s and the transfers at this profile's collective fits; "
+            "slowest rank per round, median over rounds")
 
 
 def format_fit_table(errors: dict) -> str:

@@ -9,6 +9,10 @@ and wait time beyond the benchmarked transfer and the host ops cost_models/host.
 many processes as cores, the wait for the peers' and gloo's threads to be scheduled. Measured on a
 small FSDP2 model against the same model unsharded, both on every rank at once (one unit per block:
 all-gathers forward and again in backward, one reduce-scatter per unit, the calls host.py counts).
+What is left after the hook ops and the transfers, both priced as the estimate prices them (the
+transfers from the profile's own collective fits, in the builder), is the per-call figure: the
+back-to-back transfers of one message, timed in the step's place, scattered by 2x between rounds
+here, while the fits rest on every measured size.
 
 Every rank runs the same fixed number of repetitions (collectives must match across ranks); a
 round's time is the slowest rank's, a figure the median over rounds. Measured on CPU worlds only: on a
@@ -25,9 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshplan.bench.collectives import ALL_GATHER, REDUCE_SCATTER
 from meshplan.bench.env import BenchEnv
+from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.host import UNIT_OPS, UNIT_OPS_PER_TENSOR
+from meshplan.profiles.schema import ClusterProfile
 
 UNITS, WIDTH, TOKENS = 4, 128, 128  # the FSDP2 model: UNITS blocks of three WIDTH x WIDTH linears
 TENSORS_PER_UNIT = 6  # three weights, three biases
@@ -72,8 +77,9 @@ def fsdp_calls() -> tuple[int, int]:
     return 2 * UNITS - 1, UNITS
 
 
-def measure_collective_sync(env: BenchEnv, op_dispatch_s: float, quick: bool) -> float:
-    """Per FSDP2 call: (sharded step - unsharded step - priced hook ops - transfer) / calls."""
+def measure_fsdp_steps(env: BenchEnv, quick: bool) -> dict[str, float]:
+    """The small model's step unsharded and sharded (slowest rank, median over rounds), with what the
+    builder needs to take out of the difference: the unit's full (gathered) bytes and the call counts."""
     from torch.distributed.device_mesh import init_device_mesh
 
     reps, rounds = (10, 5) if quick else (20, 7)
@@ -83,16 +89,20 @@ def measure_collective_sync(env: BenchEnv, op_dispatch_s: float, quick: bool) ->
         return lambda: model(x).sum().backward()
     plain = _timed(step(blocks(env)), env, reps, rounds)
     sharded_model = blocks(env)
-    mesh = init_device_mesh(env.device.type, (env.world,))
-    shard_blocks(sharded_model, mesh)
+    shard_blocks(sharded_model, init_device_mesh(env.device.type, (env.world,)))
     sharded = _timed(step(sharded_model), env, reps, rounds)
-    # The same messages back to back: one unit's parameters gathered, its gradients reduce-scattered.
     unit_numel = sum(p.numel() for p in blocks(env)[0].parameters())
-    shard = torch.randn(-(-unit_numel // env.world), device=env.device)
-    full = torch.empty(shard.numel() * env.world, device=env.device)
-    gather = _timed(lambda: ALL_GATHER(full, shard), env, reps, rounds)
-    scatter = _timed(lambda: REDUCE_SCATTER(shard, full), env, reps, rounds)
     gathers, scatters = fsdp_calls()
-    transfer = gathers * gather + scatters * scatter
+    return {"plain_s": plain, "sharded_s": sharded, "unit_bytes": 4.0 * env.world * -(-unit_numel // env.world),
+            "gathers": gathers, "scatters": scatters, "group": env.world, "group_per_node": env.local_world}
+
+
+def sync_per_call(record: dict[str, float], op_dispatch_s: float, prof: ClusterProfile) -> float:
+    """Per FSDP2 call: (sharded step - unsharded step - hook ops - transfers) / calls, the hook ops at
+    op_dispatch_s and the transfers at the profile's collective fits, as the estimate prices both."""
+    span = GroupSpan(int(record["group"]), int(record["group_per_node"]))
+    transfer = (record["gathers"] * collective_time(prof, "all_gather", record["unit_bytes"], span)
+                + record["scatters"] * collective_time(prof, "reduce_scatter", record["unit_bytes"], span))
     hooks = UNITS * (UNIT_OPS + TENSORS_PER_UNIT * UNIT_OPS_PER_TENSOR) * op_dispatch_s
-    return max(0.0, (sharded - plain - hooks - transfer) / (gathers + scatters))
+    calls = record["gathers"] + record["scatters"]
+    return max(0.0, (record["sharded_s"] - record["plain_s"] - hooks - transfer) / calls)

@@ -13,7 +13,7 @@ from meshplan.errors import InputError
 
 from meshplan.bench import collectives as coll
 from meshplan.bench.host import HostCosts, bench_host_dispatch
-from meshplan.bench.in_step import measure_collective_sync
+from meshplan.bench.in_step import measure_fsdp_steps
 from meshplan.bench.pipeline import measure_pipeline_steps
 from meshplan.bench import compute
 from meshplan.bench.env import BenchEnv, init_env, shutdown
@@ -57,7 +57,7 @@ class RawResults:
     skipped: list[str]
     elapsed_s: float
     host: HostCosts = HostCosts()  # per-op host costs (bench/host.py), medians over ranks; 0 on a GPU
-    collective_sync_s: float | None = None  # per FSDP2 call in a step (CPU worlds of 2+ processes; in_step.py)
+    fsdp_steps: dict | None = None  # a small FSDP2 model's steps, sharded and not (CPU worlds of 2+; in_step.py)
     pipeline_steps: list[dict] = field(default_factory=list)  # CPU worlds of 2+ processes (bench/pipeline.py)
 
 
@@ -140,11 +140,11 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     # One process: nothing to communicate with; the builder takes collectives from a built-in profile.
     points = _collective_section(env, opts, sets, budget, rep) if env.world > 1 else []
     in_step = env.world > 1 and not env.is_cuda
-    sync = measure_collective_sync(env, host.op_dispatch_s, opts.quick) if in_step else None
+    fsdp = measure_fsdp_steps(env, opts.quick) if in_step else None
     pipeline = measure_pipeline_steps(env, opts.quick) if in_step else []
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
     return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
-                      time.time() - start, host, sync, pipeline)
+                      time.time() - start, host, fsdp, pipeline)
 
 
 def _scalar_min(value: float) -> float:
