@@ -10,9 +10,9 @@ many processes as cores, the wait for the peers' and gloo's threads to be schedu
 small FSDP2 model against the same model unsharded, both on every rank at once (one unit per block:
 all-gathers forward and again in backward, one reduce-scatter per unit, the calls host.py counts).
 What is left after the hook ops and the transfers, both priced as the estimate prices them (the
-transfers from the profile's own collective fits, in the builder), is the per-call figure: the
-back-to-back transfers of one message, timed in the step's place, scattered by 2x between rounds
-here, while the fits rest on every measured size.
+transfers from the profile's own collective fits, in the builder), is the per-call figure. The same
+messages timed back to back instead scattered by 2x between rounds here; the fits rest on every
+measured size.
 
 Every rank runs the same fixed number of repetitions (collectives must match across ranks); a
 round's time is the slowest rank's, a figure the median over rounds. Measured on CPU worlds only: on a

@@ -4,7 +4,7 @@ An action is one stage's forward, backward or weight pass of one micro-batch. Be
 runs through torch.distributed.pipelining's schedule in Python and waits in line for its sends and
 receives (on a CPU nothing overlaps them). PyTorch has two runtimes: one stage per rank (GPipe, 1F1B)
 and several stages per rank (the looped and V-shaped schedules), which posts and waits its transfers
-per action and costs about 2.5x as much per action here (2-rank gloo, 2 cores: 0.4 and 1.05 ms).
+per action: a step over its actions took 0.4 and 1.05 ms here (2-rank gloo, 2 cores).
 
 Measured on the whole world as one pipeline of near-empty stages (one WIDTH x WIDTH linear each):
 1F1B with one stage per rank, Interleaved1F1B with two, each timed as a step, slowest rank per round,

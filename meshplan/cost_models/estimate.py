@@ -19,7 +19,6 @@ from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, s
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
-from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
 
 # Outer to inner, as TorchTitan builds its mesh: TP varies fastest so it stays inside a node.
 DEFAULT_MESH_ORDER = MESH_DIMS
@@ -127,8 +126,7 @@ def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
     head = head if head is not None else head_time(lay, prof)
     emb = emb if emb is not None else embedding_time(lay, prof)
     n_stages = lay.n_stages
-    act = pipeline_action_s(lay, prof.overheads)
-    w_act = act if lay.schedule in SPLIT_BACKWARD_SCHEDULES else 0.0  # W runs as an action of its own
+    act, w_act = pipeline_action_s(lay, prof.overheads)
     f, b, w = [], [], []
     for s in range(n_stages):
         layers = lay.stage_layers[s]
@@ -256,7 +254,7 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     time_s.update(data_detail)
     time_s["optimizer"] = optimizer
     # The pipeline's own host work per action sits in the critical rank's busy time, not in its compute.
-    time_s["overhead"] = prof.overheads.step_overhead_s + pipeline_actions(lay, crit) * pipeline_action_s(lay, prof.overheads)
+    time_s["overhead"] = prof.overheads.step_overhead_s + pipeline_actions(lay, crit) * pipeline_action_s(lay, prof.overheads)[0]
 
     mems = [rank_memory(lay, r, in_flight[r], prof.overheads, kept[r]) for r in range(lay.pp)]
     peak = max(mems, key=lambda m: m.total)

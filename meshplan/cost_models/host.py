@@ -65,24 +65,6 @@ class PassCounts:
 # Every op of one block. Llama's RoPE (about 25 ops for each of q and k) and decomposed RMSNorm make it the
 # larger; recomputation replays the forward plus checkpoint's unpacking of saved tensors (~1.5x the forward).
 BLOCK_OPS = {"llama": PassCounts(109, 145, 163), "gpt": PassCounts(39, 93, 78)}
-
-
-def checkpoint_op_s(o: Overheads) -> float:
-    """Per forward op of a checkpointed block: measured (bench/host.py), or for a profile measured before
-    it was, the replay's counted ops of a Llama block at op_dispatch_s each."""
-    if o.checkpoint_op_s is not None:
-        return o.checkpoint_op_s
-    llama = BLOCK_OPS["llama"]
-    return o.op_dispatch_s * llama.recompute / llama.forward
-
-
-def sac_op_s(o: Overheads) -> float:
-    """Per forward op under a selective policy: measured, or one Python dispatch per op of the forward and
-    of the replay (the policy's mode sees both) for a profile measured before it was."""
-    if o.sac_op_s is not None:
-        return o.sac_op_s
-    llama = BLOCK_OPS["llama"]
-    return o.python_dispatch_s * (llama.forward + llama.recompute) / llama.forward
 # Of those, the ops on DTensors under TP, by (arch, sequence parallel): the sharded linears' inputs, weights
 # and outputs, plus with SP the sequence-sharded norms and residual adds.
 TP_DTENSOR_OPS = {("llama", True): PassCounts(42, 102, 86), ("llama", False): PassCounts(28, 66, 54),
@@ -117,6 +99,23 @@ UNIT_OPS_PER_TENSOR = 1.4
 OPTIMIZER_OPS_PER_TENSOR = 10.0
 OPTIMIZER_DTENSOR_OPS_PER_TENSOR = 8.0
 
+
+def checkpoint_op_s(o: Overheads) -> float:
+    """Per forward op of a checkpointed block: measured (bench/host.py), or for a profile measured before
+    it was, the replay's counted ops of a Llama block at op_dispatch_s each."""
+    if o.checkpoint_op_s is not None:
+        return o.checkpoint_op_s
+    llama = BLOCK_OPS["llama"]
+    return o.op_dispatch_s * llama.recompute / llama.forward
+
+
+def sac_op_s(o: Overheads) -> float:
+    """Per forward op under a selective policy: measured, or one Python dispatch per op of the forward and
+    of the replay (the policy's mode sees both) for a profile measured before it was."""
+    if o.sac_op_s is not None:
+        return o.sac_op_s
+    llama = BLOCK_OPS["llama"]
+    return o.python_dispatch_s * (llama.forward + llama.recompute) / llama.forward
 
 def block_tensors(spec: ModelSpec) -> int:
     """Parameter tensors of one block: two norms and the linears (GPT: with biases, LayerNorm with bias)."""
@@ -214,11 +213,13 @@ def _data_parallel_host(lay: Layout, fsdp_units: int, parts: int, tensors: int) 
     return HostOps()
 
 
-def pipeline_action_s(lay: Layout, o: Overheads) -> float:
-    """Host time of one pipeline action on the runtime the plan's schedule runs on (0 without PP)."""
+def pipeline_action_s(lay: Layout, o: Overheads) -> tuple[float, float]:
+    """Host time of one pipeline action on the runtime the plan's schedule runs on: (a forward or backward,
+    a weight pass: 0 where the schedule folds it into the backward); 0 without PP."""
     if lay.pp == 1:
-        return 0.0
-    return o.pipeline_action_s if lay.schedule in SINGLE_STAGE_SCHEDULES else o.pipeline_multi_action_s
+        return 0.0, 0.0
+    act = o.pipeline_action_s if lay.schedule in SINGLE_STAGE_SCHEDULES else o.pipeline_multi_action_s
+    return act, (act if lay.schedule in SPLIT_BACKWARD_SCHEDULES else 0.0)
 
 
 def pipeline_actions(lay: Layout, rank: int) -> int:

@@ -17,7 +17,6 @@ from meshplan.cost_models.pipeline import makespan_lower_bound
 from meshplan.planner.space import Mesh
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
 
 
 class Bounds:
@@ -84,8 +83,7 @@ class Bounds:
         ends, mid = durations((0, 0, 0)), durations((0, 1, 0))
         # Each duration carries one pipeline action's host time, which is not linear in layers: left out,
         # the bound stays below the makespan.
-        act = pipeline_action_s(probe, self.prof.overheads)
-        w_act = act if probe.schedule in SPLIT_BACKWARD_SCHEDULES else 0.0
+        act, w_act = pipeline_action_s(probe, self.prof.overheads)
         return (mid.forward[1] - act, mid.backward[1] + mid.weight[1] - act - w_act, ends.forward[0] - act,
                 ends.forward[2] + ends.backward[2] - 2 * act, ends.p2p)
 
