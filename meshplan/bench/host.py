@@ -19,7 +19,8 @@ measured, the multiply chain gives 3.7-3.9, a tanh chain 2.4.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
@@ -97,24 +98,34 @@ def _step(module: nn.Module, x: torch.Tensor) -> None:
     module(x).sum().backward()
 
 
+ROUNDS = 5  # every variant timed once a round: a difference is taken within one round
+
+
 def _seconds(module: nn.Module, x: torch.Tensor, env: BenchEnv, target_s: float, min_reps: int) -> float:
     return time_local(lambda: _step(module, x), env.sync, target_s, min_reps, warmup=3).median_s
 
 
+def costs_of(times: dict[str, float], ops: int) -> HostCosts:
+    """The four costs from one round's step times of the chains (plain, dtensor, bare, full, selective)."""
+    op_s = times["plain"] / ops
+    return HostCosts(op_s, max(0.0, times["dtensor"] / ops - op_s), max(0.0, (times["full"] - times["bare"]) / CHAIN),
+                     max(0.0, (times["selective"] - times["full"]) / CHAIN))
+
+
 def bench_host_dispatch(env: BenchEnv, target_s: float, min_reps: int) -> HostCosts:
-    """All four costs on this rank."""
+    """All four costs on this rank: each the median over rounds of that round's difference. A shared host's
+    speed can change by 2x for minutes; variants timed apart would put that change into a difference."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, distribute_tensor
 
     plain = torch.ones(8, device=env.device, requires_grad=True)
     ops = count_ops(lambda: _step(Chain(), plain))
-    time = partial(_seconds, x=plain, env=env, target_s=target_s, min_reps=min_reps)
-    op_s = time(Chain()) / ops
-    bare, full, selective = time(SavingChain()), time(checkpointed(False)), time(checkpointed(True))
     # Replicated over the whole world: DTensor's dispatch in full, and no collective (elementwise
     # ops and a sum of replicated tensors stay local).
     mesh = init_device_mesh(env.device.type, (env.world,))
     leaf = distribute_tensor(torch.ones(8, device=env.device), mesh, [Replicate()]).requires_grad_()
-    dtensor_s = _seconds(Chain(), leaf, env, target_s, min_reps) / ops
-    return HostCosts(op_s, max(0.0, dtensor_s - op_s), max(0.0, (full - bare) / CHAIN),
-                     max(0.0, (selective - full) / CHAIN))
+    variants = {"plain": (Chain(), plain), "dtensor": (Chain(), leaf), "bare": (SavingChain(), plain),
+                "full": (checkpointed(False), plain), "selective": (checkpointed(True), plain)}
+    rounds = [costs_of({k: _seconds(m, x, env, target_s / ROUNDS, max(1, min_reps // 2)) for k, (m, x) in
+                        variants.items()}, ops) for _ in range(ROUNDS)]
+    return HostCosts(*(statistics.median(getattr(c, f.name) for c in rounds) for f in fields(HostCosts)))

@@ -59,3 +59,17 @@ def test_the_per_action_cost_is_read_back_through_the_schedule_simulation(schedu
     assert action_seconds(record, p2p) == pytest.approx(action, rel=1e-6)
     # Transfers slower than the whole measured step: nothing is left to the actions.
     assert action_seconds(record, step) == 0.0
+
+
+def test_costs_are_differences_of_one_rounds_chains():
+    """Hand values: 131 ops of the plain chain at 2 us, DTensor's at 10 us, checkpointing 64 x 14 us on
+    top of the bare saving chain, the policy 64 x 20 us on top of that."""
+    from meshplan.bench.host import costs_of
+
+    times = {"plain": 131 * 2e-6, "dtensor": 131 * 10e-6, "bare": 300e-6, "full": 300e-6 + 64 * 14e-6,
+             "selective": 300e-6 + 64 * 34e-6}
+    got = costs_of(times, 131)
+    assert (got.op_dispatch_s, got.python_dispatch_s, got.checkpoint_op_s, got.sac_op_s) == (
+        pytest.approx(2e-6), pytest.approx(8e-6), pytest.approx(14e-6), pytest.approx(20e-6))
+    # A faster variant than its base leaves no negative cost.
+    assert costs_of(dict(times, dtensor=times["plain"] / 2), 131).python_dispatch_s == 0.0
