@@ -38,20 +38,15 @@ UNITS, WIDTH, TOKENS = 4, 128, 128  # the FSDP2 model: UNITS blocks of three WID
 TENSORS_PER_UNIT = 6  # three weights, three biases
 
 
-def _timed(fn: Callable[[], object], env: BenchEnv, reps: int, rounds: int) -> float:
-    """Seconds per call: each round `reps` calls between barriers, the slowest rank's time; the
-    median over rounds."""
-    fn()
-    per_round = []
-    for _ in range(rounds):
-        env.sync()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        env.sync()
-        per_round.append(env.max_over_ranks([(time.perf_counter() - t0) / reps])[0])
-    return statistics.median(per_round)
+def _round(fn: Callable[[], object], env: BenchEnv, reps: int) -> float:
+    """Seconds per call over `reps` calls between barriers, the slowest rank's time."""
+    env.sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    env.sync()
+    return env.max_over_ranks([(time.perf_counter() - t0) / reps])[0]
 
 
 def blocks(env: BenchEnv) -> nn.Sequential:
@@ -84,25 +79,28 @@ def measure_fsdp_steps(env: BenchEnv, quick: bool) -> dict[str, float]:
 
     reps, rounds = (10, 5) if quick else (20, 7)
     x = torch.randn(TOKENS, WIDTH, device=env.device)
-
-    def step(model: nn.Module) -> Callable[[], None]:
-        return lambda: model(x).sum().backward()
-    plain = _timed(step(blocks(env)), env, reps, rounds)
     sharded_model = blocks(env)
     shard_blocks(sharded_model, init_device_mesh(env.device.type, (env.world,)))
-    sharded = _timed(step(sharded_model), env, reps, rounds)
+    plain_step, sharded_step = (lambda m=m: m(x).sum().backward() for m in (blocks(env), sharded_model))
+    plain_step(), sharded_step()
+    # The two in turn, each round: a shared host's speed can change by 2x for minutes, and the
+    # difference must come from one state of it.
+    per_round = [(_round(plain_step, env, reps), _round(sharded_step, env, reps)) for _ in range(rounds)]
     unit_numel = sum(p.numel() for p in blocks(env)[0].parameters())
     gathers, scatters = fsdp_calls()
-    return {"plain_s": plain, "sharded_s": sharded, "unit_bytes": 4.0 * env.world * -(-unit_numel // env.world),
+    return {"plain_s": statistics.median(p for p, _ in per_round),
+            "sharded_s": statistics.median(s for _, s in per_round),
+            "extra_s": statistics.median(s - p for p, s in per_round),
+            "unit_bytes": 4.0 * env.world * -(-unit_numel // env.world),
             "gathers": gathers, "scatters": scatters, "group": env.world, "group_per_node": env.local_world}
 
 
 def sync_per_call(record: dict[str, float], op_dispatch_s: float, prof: ClusterProfile) -> float:
-    """Per FSDP2 call: (sharded step - unsharded step - hook ops - transfers) / calls, the hook ops at
-    op_dispatch_s and the transfers at the profile's collective fits, as the estimate prices both."""
+    """Per FSDP2 call: (sharded step - unsharded step, per round - hook ops - transfers) / calls, the hook
+    ops at op_dispatch_s and the transfers at the profile's collective fits, as the estimate prices both."""
     span = GroupSpan(int(record["group"]), int(record["group_per_node"]))
     transfer = (record["gathers"] * collective_time(prof, "all_gather", record["unit_bytes"], span)
                 + record["scatters"] * collective_time(prof, "reduce_scatter", record["unit_bytes"], span))
     hooks = UNITS * (UNIT_OPS + TENSORS_PER_UNIT * UNIT_OPS_PER_TENSOR) * op_dispatch_s
     calls = record["gathers"] + record["scatters"]
-    return max(0.0, (record["sharded_s"] - record["plain_s"] - hooks - transfer) / calls)
+    return max(0.0, (record["extra_s"] - hooks - transfer) / calls)
