@@ -85,22 +85,14 @@ def plan_of(spec: tuple, cluster: str = CLUSTER, gpus: int = GPUS) -> Plan:
 
 def host_op_us() -> float:
     """This host's speed right now: microseconds per op of profile-cluster's plain op chain, one process."""
-    import statistics
-    import time
-
     import torch
 
     from meshplan.bench.host import Chain, count_ops
+    from meshplan.bench.timing import time_local
 
     x, chain = torch.ones(8, requires_grad=True), Chain()
     ops = count_ops(lambda: chain(x).sum().backward())
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(20):
-            chain(x).sum().backward()
-        times.append((time.perf_counter() - t0) / 20)
-    return statistics.median(times) / ops * 1e6
+    return time_local(lambda: chain(x).sum().backward(), lambda: None, 0.3, 20, warmup=3).median_s / ops * 1e6
 
 
 def measured(plan: Plan, run_dir: Path, steps: int) -> Run | None:

@@ -30,6 +30,7 @@ from meshplan.bench.env import BenchEnv
 from meshplan.bench.timing import time_local
 
 CHAIN = 64  # forward ops per chain; backward as many grad ops (+ a few for the sum)
+ROUNDS = 5  # every variant timed once a round: a difference is taken within one round
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,6 @@ def _step(module: nn.Module, x: torch.Tensor) -> None:
     module(x).sum().backward()
 
 
-ROUNDS = 5  # every variant timed once a round: a difference is taken within one round
-
-
 def _seconds(module: nn.Module, x: torch.Tensor, env: BenchEnv, target_s: float, min_reps: int) -> float:
     return time_local(lambda: _step(module, x), env.sync, target_s, min_reps, warmup=3).median_s
 
@@ -108,7 +106,8 @@ def _seconds(module: nn.Module, x: torch.Tensor, env: BenchEnv, target_s: float,
 def costs_of(times: dict[str, float], ops: int) -> HostCosts:
     """The four costs from one round's step times of the chains (plain, dtensor, bare, full, selective)."""
     op_s = times["plain"] / ops
-    return HostCosts(op_s, max(0.0, times["dtensor"] / ops - op_s), max(0.0, (times["full"] - times["bare"]) / CHAIN),
+    return HostCosts(op_s, max(0.0, times["dtensor"] / ops - op_s),
+                     max(0.0, (times["full"] - times["bare"]) / CHAIN),
                      max(0.0, (times["selective"] - times["full"]) / CHAIN))
 
 

@@ -22,31 +22,18 @@ GPU the host runs ahead of the kernels (host.py) and NCCL overlaps on its own st
 from __future__ import annotations
 
 import statistics
-import time
-from typing import Callable
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from meshplan.bench.env import BenchEnv
+from meshplan.bench.timing import time_slowest_rank
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.host import UNIT_OPS, UNIT_OPS_PER_TENSOR
 from meshplan.profiles.schema import ClusterProfile
 
 UNITS, WIDTH, TOKENS = 4, 128, 128  # the FSDP2 model: UNITS blocks of three WIDTH x WIDTH linears
 TENSORS_PER_UNIT = 6  # three weights, three biases
-
-
-def _round(fn: Callable[[], object], env: BenchEnv, reps: int) -> float:
-    """Seconds per call over `reps` calls between barriers, the slowest rank's time."""
-    env.sync()
-    dist.barrier()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    env.sync()
-    return env.max_over_ranks([(time.perf_counter() - t0) / reps])[0]
 
 
 def blocks(env: BenchEnv) -> nn.Sequential:
@@ -82,10 +69,12 @@ def measure_fsdp_steps(env: BenchEnv, quick: bool) -> dict[str, float]:
     sharded_model = blocks(env)
     shard_blocks(sharded_model, init_device_mesh(env.device.type, (env.world,)))
     plain_step, sharded_step = (lambda m=m: m(x).sum().backward() for m in (blocks(env), sharded_model))
-    plain_step(), sharded_step()
+    plain_step()  # warm-up: lazy state (FSDP2 initialises on its first step)
+    sharded_step()
     # The two in turn, each round: a shared host's speed can change by 2x for minutes, and the
     # difference must come from one state of it.
-    per_round = [(_round(plain_step, env, reps), _round(sharded_step, env, reps)) for _ in range(rounds)]
+    per_round = [(time_slowest_rank(plain_step, env, reps), time_slowest_rank(sharded_step, env, reps))
+                 for _ in range(rounds)]
     unit_numel = sum(p.numel() for p in blocks(env)[0].parameters())
     gathers, scatters = fsdp_calls()
     return {"plain_s": statistics.median(p for p, _ in per_round),

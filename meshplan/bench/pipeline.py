@@ -16,13 +16,12 @@ the same quantity. CPU worlds only: on a GPU the host runs ahead of the kernels.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from meshplan.bench.env import BenchEnv
+from meshplan.bench.timing import time_slowest_rank
 from meshplan.cost_models.pipeline import simulate
 
 WIDTH, ROWS = 8, 4  # each micro-batch: ROWS x WIDTH floats
@@ -62,13 +61,7 @@ def _step_seconds(name: str, v: int, env: BenchEnv, rounds: int) -> float:
         sched.step(x, **kwargs) if first else sched.step(**kwargs)
 
     step()
-    per_round = []
-    for _ in range(rounds):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        per_round.append(env.max_over_ranks([time.perf_counter() - t0])[0])
-    return statistics.median(per_round)
+    return statistics.median(time_slowest_rank(step, env) for _ in range(rounds))
 
 
 def measure_pipeline_steps(env: BenchEnv, quick: bool) -> list[dict]:

@@ -6,7 +6,12 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from meshplan.bench.env import BenchEnv
 
 
 @dataclass
@@ -28,6 +33,18 @@ def summarize(samples: list[float]) -> Measurement:
     s = sorted(samples)
     q = lambda f: s[min(len(s) - 1, max(0, round(f * (len(s) - 1))))]  # noqa: E731
     return Measurement(statistics.median(s), q(0.1), q(0.9), len(s))
+
+
+def time_slowest_rank(fn: Callable[[], object], env: BenchEnv, reps: int = 1) -> float:
+    """Seconds per call over `reps` calls started together on every rank (after a barrier): the
+    slowest rank's time. Every rank must call it the same number of times."""
+    env.sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    env.sync()
+    return env.max_over_ranks([(time.perf_counter() - t0) / reps])[0]
 
 
 def time_local(fn: Callable[[], object], sync: Callable[[], None], target_s: float, min_reps: int,
