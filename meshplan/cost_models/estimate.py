@@ -14,7 +14,7 @@ from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
 from meshplan.cost_models.host import pipeline_action_s, pipeline_actions, step_host_time
 from meshplan.cost_models.layout import Layout, layout_of, runtime_paths
-from meshplan.cost_models.memory import GIB, kept_output_units, rank_memory, stage_params
+from meshplan.cost_models.memory import GIB, ONE_RANK_PHASES, kept_output_units, peak_rank_memory, stage_params
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
@@ -238,16 +238,15 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     parts = step_parts(lay, prof, order)
     spans, bt, head, emb, d = parts.spans, parts.bt, parts.head, parts.emb, parts.durations
     kept_units = tuple(kept_output_units(lay)) if lay.pp > 1 and lay.pp_keeps_outputs else None
-    kept = (0.0,) * lay.pp
     if kept_units:
         res = simulate(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p,
                        keep_blocks=False, kept=list(kept_units))
-        makespan, busy, in_flight, kept = res.makespan, res.busy, res.peak_in_flight, res.peak_kept
+        makespan, busy, phases = res.makespan, res.busy, res.phases
     elif lay.pp > 1:
-        makespan, busy, in_flight, _ = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
+        makespan, busy, _, _, phases = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
                                                        tuple(d.backward), tuple(d.weight), d.p2p)
     else:
-        makespan, busy, in_flight = parts.busy[0], parts.busy, (1.0,)
+        makespan, busy, phases = parts.busy[0], parts.busy, ONE_RANK_PHASES
     step, crit, _, data_detail, optimizer = compose_step(lay, prof, parts, makespan)
 
     time_s = _time_breakdown(lay, bt, head, emb, crit, busy[crit], makespan)
@@ -256,7 +255,8 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     # The pipeline's own host work per action sits in the critical rank's busy time, not in its compute.
     time_s["overhead"] = prof.overheads.step_overhead_s + pipeline_actions(lay, crit) * pipeline_action_s(lay, prof.overheads)[0]
 
-    mems = [rank_memory(lay, r, in_flight[r], prof.overheads, kept[r]) for r in range(lay.pp)]
+    mems = [peak_rank_memory(lay, r, phases[r], prof.overheads) for r in range(lay.pp)]
+    in_flight = [max(p[0] for p in ph if p is not None) for ph in phases]
     peak = max(mems, key=lambda m: m.total)
     tokens_per_s = lay.global_batch * lay.seq_len / step / lay.gpus
     mflops = model_flops_per_token(lay.spec, lay.seq_len)

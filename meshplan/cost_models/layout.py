@@ -44,7 +44,7 @@ class Layout:
     # When data-parallel gradients are reduced while micro-batches accumulate: every_microbatch (FSDP2,
     # HSDP and composable DDP as the runtime and TorchTitan run them) | last_microbatch (Megatron's DDP).
     grad_sync: str = "every_microbatch"
-    # Whether the pipeline schedule keeps every micro-batch's stage output until the step ends (fp32
+    # Whether the pipeline schedule keeps every micro-batch's stage output until the step ends (the
     # logits on the last stage): torch.distributed.pipelining before `return_outputs` (TorchTitan
     # 2024). The runtime passes return_outputs=False.
     pp_keeps_outputs: bool = False

@@ -17,6 +17,8 @@ from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import Overheads
 
 GIB = 1024.0 ** 3
+# The memory phases (pipeline ScheduleResult.phases) of an unpipelined step: one activation set.
+ONE_RANK_PHASES = (((1.0, 0.0),),)
 STATE_BYTES = {"params": 4.0, "grads": 4.0, "optimizer": 8.0}
 
 
@@ -47,14 +49,17 @@ class RankMemory:
         return {k: v / GIB for k, v in self.parts.items()}
 
 
-def stage_params(lay: Layout, rank: int) -> StageParams:
-    return _stage_params(lay.spec, lay.pp, lay.schedule, lay.stage_layers, lay.tp, rank)
+def stage_params(lay: Layout, rank: int, reached: int | None = None) -> StageParams:
+    """Parameters of rank `rank`'s stages; with `reached`, of only the first `reached` of them that the
+    backward pass reaches (the highest stage first)."""
+    return _stage_params(lay.spec, lay.pp, lay.schedule, lay.stage_layers, lay.tp, rank, reached)
 
 
 @lru_cache(maxsize=65536)
-def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], tp: int, rank: int) -> StageParams:
+def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], tp: int, rank: int,
+                  reached: int | None = None) -> StageParams:
     n_stages = len(stage_layers)
-    stages = [s for s in range(n_stages) if stage_rank(s, pp, schedule) == rank]
+    stages = [s for s in reversed(range(n_stages)) if stage_rank(s, pp, schedule) == rank][:reached]
     layers = sum(stage_layers[s] for s in stages)
     block = spec.layer_params() / tp
     first = 0 in stages
@@ -66,9 +71,13 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
     return StageParams(layers, block, emb, head)
 
 
-def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, kept: float = 0.0) -> RankMemory:
+def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, kept: float = 0.0,
+                accumulating: int | None = None, loss_live: bool = True) -> RankMemory:
     """Peak bytes on pipeline rank `rank`; in_flight = (stage, micro-batch) activation sets held at peak,
-    kept = stage outputs held to the step's end at that moment, in the same units (see kept_output_units)."""
+    kept = stage outputs held to the step's end at that moment, in the same units (see kept_output_units);
+    accumulating = how many of the rank's stages hold gradient accumulators at that moment (None: all;
+    see pp_accumulates); loss_live = whether the last stage (if on this rank) still has a loss to run
+    backward through."""
     sp = stage_params(lay, rank)
     p = sp.total
     shard = lay.fsdp_shard
@@ -77,6 +86,8 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     mem.parts["grads"] = STATE_BYTES["grads"] * p / shard
     mem.parts["optimizer"] = STATE_BYTES["optimizer"] * p / shard
     mem.parts["fsdp_buffers"] = _fsdp_buffers(lay, sp)
+    if pp_accumulates(lay):
+        mem.parts["grad_accumulators"] = 4.0 * stage_params(lay, rank, accumulating).total
     tokens = lay.tokens_per_micro
     unit = activation_unit_bytes(lay, sp)
     mem.parts["activations"] = unit * in_flight
@@ -84,17 +95,19 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     if lay.ac != "none":
         transient = tokens * recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes,
                                                             _convention(lay))
-    if sp.head:
+    if sp.head and loss_live:
         transient = max(transient, loss_buffer_bytes(lay))
     mem.parts["transient"] = transient
     if lay.pp > 1:
         # torch.distributed.pipelining allocates receive buffers for every micro-batch up front:
         # the stage input in forward and its gradient in backward, for each stage on this rank.
+        # The first stage receives no input and the last no gradient.
         hidden = tokens * lay.hidden_bytes_per_token
-        mem.parts["pp_buffers"] = 2 * lay.n_micro * hidden * lay.v
+        receiving = 2 * lay.v - (1 if sp.embedding else 0) - (1 if sp.head else 0)
+        mem.parts["pp_buffers"] = lay.n_micro * hidden * receiving
         if kept:
             # The micro-batch whose loss is being computed has its logits in the transient already.
-            current = logits_fp32_bytes(lay) if sp.head else 0.0
+            current = logits_bytes(lay) if sp.head and loss_live else 0.0
             mem.parts["pp_outputs"] = max(0.0, kept * unit - current)
     if lay.cp > 1:
         # All-gathered keys and values of one layer, for the whole sequence.
@@ -120,26 +133,55 @@ def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
     return lay.tokens_per_micro * (per_layer * sp.layers / lay.v + lay.hidden_bytes_per_token)
 
 
-def logits_fp32_bytes(lay: Layout) -> float:
-    """One micro-batch's logits upcast to fp32, vocab sharded by loss parallel under TP."""
-    return lay.tokens_per_micro * lay.spec.vocab_size / lay.tp * 4.0
+def logits_bytes(lay: Layout) -> float:
+    """One micro-batch's logits as the last stage returns them: in the compute dtype (the fp32
+    upcast happens inside the loss), vocab sharded by loss parallel under TP."""
+    return lay.tokens_per_micro * lay.spec.vocab_size / lay.tp * lay.act_bytes
 
 
 def kept_output_units(lay: Layout) -> list[float]:
     """Per stage, what one forward leaves held until the step ends when the schedule returns every
     micro-batch's output (Layout.pp_keeps_outputs), in activation units of the stage's rank: the
-    hidden state handed on, or on the last stage the fp32 logits."""
+    hidden state handed on, or on the last stage the logits."""
     out = []
     for s in range(lay.n_stages):
         sp = stage_params(lay, stage_rank(s, lay.pp, lay.schedule))
-        kept = logits_fp32_bytes(lay) if s == lay.n_stages - 1 else lay.tokens_per_micro * lay.hidden_bytes_per_token
+        kept = logits_bytes(lay) if s == lay.n_stages - 1 else lay.tokens_per_micro * lay.hidden_bytes_per_token
         out.append(kept / activation_unit_bytes(lay, sp))
     return out
 
 
+def peak_rank_memory(lay: Layout, rank: int, phases, overheads: Overheads) -> RankMemory:
+    """A pipeline rank's peak over the memory phases of its step (ScheduleResult.phases): phases[2j + d]
+    = (activation units, kept outputs) at the highest point while j of its stages hold gradient
+    accumulators, d = 1 once the last stage's losses are all backpropagated; None where never entered."""
+    return max((phase_memory(lay, rank, i, p, overheads) for i, p in enumerate(phases) if p is not None),
+               key=lambda m: m.total)
+
+
+def phase_memory(lay: Layout, rank: int, phase: int, load: tuple[float, float], overheads: Overheads) -> RankMemory:
+    """A pipeline rank's memory in one phase (see peak_rank_memory) at load = (activation units, kept outputs)."""
+    accumulating = phase // 2 if pp_accumulates(lay) else None
+    return rank_memory(lay, rank, load[0], overheads, load[1], accumulating, not phase % 2)
+
+
+def pp_accumulates(lay: Layout) -> bool:
+    """Whether FSDP2 accumulates this pipelined plan's gradients unsharded, in fp32, across micro-batches.
+
+    Pipelining defers FSDP2's gradient reduction to the last micro-batch (torch.distributed.pipelining's
+    stage sets requires_gradient_sync(False)); each FSDP parameter group then casts its unsharded
+    gradient to the reduce dtype (fp32) in its first post-backward and adds into it after
+    (FSDPParam.to_accumulated_grad_if_needed). So a stage's accumulators exist from its first weight
+    gradient to the step's end, not before: the simulation tracks when each stage reaches that point.
+    """
+    if lay.pp == 1:
+        return False
+    return not (lay.fsdp_shard == 1 and (lay.dp_replicate > 1 or lay.dtype == "fp32"))
+
+
 def _grads_live_at_peak(lay: Layout) -> bool:
     """Sharded gradients exist at the peak when micro-batches accumulate into them. With PP over
-    FSDP the accumulation happens in FSDP's unsharded buffers instead (see _fsdp_buffers)."""
+    FSDP the accumulation happens in FSDP's unsharded buffers instead (see pp_accumulates)."""
     if lay.n_micro == 1:
         return False
     return not (lay.pp > 1 and lay.fsdp_shard > 1)
@@ -178,9 +220,9 @@ def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
     root = (sp.embedding + sp.head) * lay.act_bytes
     if not lay.reshard_after_forward or lay.pp > 1:
         held = sp.layers * sp.block * gather_bytes
-        # Pipelining defers gradient reduction to the last micro-batch; FSDP2 then accumulates the
-        # unsharded gradients in its reduce dtype (fp32), next to the current block's compute-dtype grads.
-        grads = sp.layers * sp.block * 4.0 + sp.block * grad_bytes if lay.pp > 1 else 2 * sp.block * grad_bytes
+        # Under pipelining the fp32 accumulators are counted apart (grad_accumulators); the current
+        # block's compute-dtype gradients sit beside them.
+        grads = sp.block * grad_bytes if lay.pp > 1 else 2 * sp.block * grad_bytes
         return held + grads + root
     # The current block's parameters plus the prefetched next block's; one block of unsharded
     # gradients, released as its reduce-scatter completes.

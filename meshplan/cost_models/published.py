@@ -13,11 +13,14 @@ is assumed once here, and printed by `meshplan validate`:
   input-gradient matmul, which Megatron overlaps it with.
 - TorchTitan (Llama 3.1 on H100 96GB at 500 W): selective AC is TorchTitan's op policy (every
   other matmul and SDPA saved), FSDP2 with reshard after forward (not with PP),
-  pipeline micro-batches = PP degree (the Interleaved 1F1B row's published speed-up over 1F1B
-  is the bubble ratio at 8 micro-batches; TorchTitan's default then was one per stage, 16), Interleaved
+  pipeline micro-batches = PP degree (TorchTitan 9dec370's build_pipeline_schedule defaulted to
+  pipeline_parallel_degree, though its help text says one per stage; the Interleaved 1F1B row's
+  published speed-up over 1F1B is the bubble ratio at 8 micro-batches), Interleaved
   1F1B with 2 stages per rank split by TorchTitan's generate_split_points (126 layers over 8 stages:
   15, 16 x 6, 15), async TP only where listed. PyTorch's pipelining of Dec 2024 kept every
-  micro-batch's stage output until the step ended, fp32 logits on the last stage (pp_keeps_outputs).
+  micro-batch's stage output until the step ended (pp_keeps_outputs): on the last stage the bf16
+  logits, since TorchTitan's model had returned them uncast from Oct 2024 (e10cb94 moved the fp32
+  upcast into the loss).
   TorchTitan's Llama expanded K/V to every query head before SDPA (repeat_kv), and its context
   parallelism was PyTorch's ring attention, which gathered and merged them at that width
   (kv_repeated, cp_attention="ring").

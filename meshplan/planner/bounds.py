@@ -34,12 +34,17 @@ class Bounds:
 
     def rank_memory_bound_gib(self, lay: Layout) -> float:
         """Below the peak of any stage split: the lightest of the first, second and last pipeline ranks
-        of the even split with one micro-batch in flight (memory is about linear in a rank's layers,
-        so the average rank of any split weighs at least the lightest rank of the even one).
+        of the even split (memory is about linear in a rank's layers, so the average rank of any split
+        weighs at least the lightest rank of the even one), each at the heavier of two states every
+        rank passes through: its first forward done (one set in flight, no gradient accumulators yet),
+        and its last backward done (every accumulator, none in flight).
         Stops at the first rank under the usable memory: the bound then fits, whatever the rest say."""
         lightest = float("inf")
+        o = self.prof.overheads
         for r in dict.fromkeys((min(1, lay.pp - 1), lay.pp - 1, 0)):  # middle ranks are usually lightest
-            lightest = min(lightest, rank_memory(lay, r, 1.0, self.prof.overheads).total / GIB)
+            passed = max(rank_memory(lay, r, 1.0, o, accumulating=0).total,
+                         rank_memory(lay, r, 0.0, o, loss_live=False).total)
+            lightest = min(lightest, passed / GIB)
             if lightest <= self.usable:
                 break
         return lightest

@@ -1,14 +1,15 @@
-"""A leaf's peak memory per pipeline rank, given the activations each rank holds in flight.
+"""A leaf's peak memory per pipeline rank, given the activations each rank holds in each memory phase.
 
 Ranks that hold the same layers and ends differ only in what they hold in flight, so one rank per
-such group is priced. The same groups give each rank's held limit: the most activation sets it
-can hold and still fit, which stops a schedule simulation as soon as a plan cannot fit.
+such group and phase is priced. The same groups give each rank's held limit: the most activation sets
+it can hold and still fit in its lightest phase, which stops a schedule simulation as soon as a plan
+cannot fit.
 """
 
 from __future__ import annotations
 
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.memory import GIB, rank_memory, stage_params
+from meshplan.cost_models.memory import GIB, phase_memory, rank_memory, stage_params
 from meshplan.profiles.schema import ClusterProfile
 
 
@@ -17,11 +18,17 @@ class Peaks:
         self.prof, self.usable = prof, usable_gib
         self._rank_groups: dict = {}
 
-    def peak_memory_gib(self, lay: Layout, in_flight: tuple[float, ...]) -> float:
-        """The highest rank peak. Ranks holding the same layers and ends differ only in activations in
-        flight, and a rank's peak grows with those: one rank per such group is enough."""
-        heaviest = [max(ranks, key=lambda r: in_flight[r]) for ranks in self.rank_groups(lay)]
-        return max(rank_memory(lay, r, in_flight[r], self.prof.overheads).total for r in heaviest) / GIB
+    def peak_memory_gib(self, lay: Layout, phases: tuple) -> float:
+        """The highest rank peak over the memory phases (ScheduleResult.phases). Ranks holding the same
+        layers and ends differ only in activations in flight, and a rank's peak in a phase grows with
+        those: one rank per such group and phase is enough."""
+        peak = 0.0
+        for ranks in self.rank_groups(lay):
+            for i in range(len(phases[ranks[0]])):
+                r = max(ranks, key=lambda r: -1.0 if phases[r][i] is None else phases[r][i][0])
+                if phases[r][i] is not None:
+                    peak = max(peak, phase_memory(lay, r, i, phases[r][i], self.prof.overheads).total)
+        return peak / GIB
 
     def rank_groups(self, lay: Layout) -> list[list[int]]:
         """Pipeline ranks grouped by the layers and ends they hold (the same for every layout alike)."""
@@ -36,8 +43,10 @@ class Peaks:
         return got
 
     def held_limits(self, lay: Layout) -> tuple[float, ...]:
-        """Per pipeline rank, the most activation sets it can hold and still fit (inf: any number). Memory
-        grows with what a rank holds, so a bisection over whole sets finds it; -1 if even none fits."""
+        """Per pipeline rank, the most activation sets it can hold and still fit in its lightest memory
+        phase (no gradient accumulators, no loss), so that the limit stops no plan that fits (inf: any
+        number). Memory grows with what a rank holds, so a bisection over whole sets finds it; -1 if even
+        none fits."""
         limits = [0.0] * lay.pp
         for ranks in self.rank_groups(lay):
             limit = self._held_limit(lay, ranks[0])
@@ -49,7 +58,8 @@ class Peaks:
         cap = lay.n_micro * lay.v  # no rank holds more than all its (stage, micro-batch) pairs
 
         def fits(h: int) -> bool:
-            return rank_memory(lay, r, float(h), self.prof.overheads).total / GIB <= self.usable
+            return rank_memory(lay, r, float(h), self.prof.overheads, accumulating=0,
+                               loss_live=False).total / GIB <= self.usable
 
         if fits(cap):
             return float("inf")

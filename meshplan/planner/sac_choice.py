@@ -13,6 +13,7 @@ from typing import Any
 from meshplan.cost_models.activations import activation_bytes_per_token
 from meshplan.cost_models.estimate import group_spans, step_parts
 from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.memory import ONE_RANK_PHASES
 from meshplan.cost_models.pipeline import in_flight_limit
 from meshplan.planner.peaks import Peaks
 from meshplan.planner.results import Candidate
@@ -44,10 +45,7 @@ class SacChoice:
         rank holding its schedule's in-flight limit: the guess score starts from, walking on against
         the simulated peak. `optimistic`: one micro-batch in flight per rank, no fewer than any
         simulation holds, so no subset faster than this one can fit (what a rigorous bound needs)."""
-        if optimistic or lay.pp == 1:
-            held = (1.0,) * lay.pp
-        else:
-            held = tuple(float(in_flight_limit(lay.schedule, lay.pp, lay.v, r, lay.n_micro)) for r in range(lay.pp))
+        held = _phases(lay, optimistic)
         subsets = self.pareto(self.sac_items(lay, order))
         # Along the Pareto list bytes saved only fall, so memory does too: bisect for the first that fits.
         lo, hi = 0, len(subsets) - 1
@@ -102,3 +100,17 @@ class SacChoice:
             return "pulp: infeasible"
         same = abs(items.time_of(chosen) - items.time_of(lay.sac_ops)) <= 1e-12 * max(1.0, items.time_of(lay.sac_ops))
         return f"pulp ILP {'agrees' if same else 'DISAGREES'}: saves {', '.join(chosen) or 'nothing'}"
+
+
+def _phases(lay: Layout, optimistic: bool) -> tuple:
+    """Memory phases (pipeline ScheduleResult.phases) to price a subset at before any simulation.
+    Optimistic: only two states every rank passes through, its first forward done (one set held, no
+    gradient accumulators) and its last backward done (every accumulator, nothing held), so no faster
+    subset can fit. Else each rank at its schedule's in-flight limit with every accumulator."""
+    if lay.pp == 1:
+        return ONE_RANK_PHASES
+    n = 2 * lay.v + 2
+    if optimistic:
+        return tuple(((1.0, 0.0),) + (None,) * (n - 2) + ((0.0, 0.0),) for _ in range(lay.pp))
+    return tuple((None,) * (n - 2) + ((float(in_flight_limit(lay.schedule, lay.pp, lay.v, r, lay.n_micro)), 0.0), None)
+                 for r in range(lay.pp))

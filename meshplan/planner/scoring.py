@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from meshplan.cost_models.estimate import StageDurations, StepParts, compose_step, step_parts
 from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.memory import ONE_RANK_PHASES
 from meshplan.cost_models.pipeline import simulate_cached
 from meshplan.planner.bounds import Bounds
 from meshplan.planner.constraints import NO_FIT
@@ -56,10 +57,11 @@ class Scoring:
         pool.keep(cand)
 
     def evaluate(self, lay: Layout, order, parts: StepParts | None = None) -> tuple | None:
-        """(layout, step time, peak GiB, in flight per rank) with the schedule simulated; None if the
+        """(layout, step time, peak GiB, memory phases per rank) with the schedule simulated; None if the
         schedule cannot run, TOO_BIG if a rank's activations in flight pass what fits."""
         if lay.pp == 1:
-            return lay, self.bounds.flat_step(lay, order)[1], self.peaks.peak_memory_gib(lay, (1.0,)), (1.0,)
+            return lay, self.bounds.flat_step(lay, order)[1], self.peaks.peak_memory_gib(lay, ONE_RANK_PHASES), \
+                ONE_RANK_PHASES
         parts = parts or step_parts(lay, self.prof, order)
         try:
             got = self.simulate_scaled(lay, parts.durations, self.peaks.held_limits(lay))
@@ -67,9 +69,9 @@ class Scoring:
             return None
         if got is None:
             return TOO_BIG
-        makespan, in_flight = got
+        makespan, phases = got
         step = compose_step(lay, self.prof, parts, makespan)[0]
-        return lay, step, self.peaks.peak_memory_gib(lay, in_flight), in_flight
+        return lay, step, self.peaks.peak_memory_gib(lay, phases), phases
 
     def fitting_sac(self, lay: Layout, order) -> tuple | None:
         """The SAC ILP's answer made exact: the least-recompute Pareto subset whose simulated peak fits
@@ -101,15 +103,15 @@ class Scoring:
                 return got
         return guess  # nothing fits: the guess, counted as not fitting
 
-    def _first_looking_fit(self, lay: Layout, subsets: list, i: int, in_flight: tuple[float, ...]) -> int:
+    def _first_looking_fit(self, lay: Layout, subsets: list, i: int, phases: tuple) -> int:
         """From subset i toward faster ones: the fastest whose peak, at the guess's in-flight, fits."""
         j = i
-        while j > 0 and self.peaks.peak_memory_gib(lay.with_(sac_ops=subsets[j - 1]), in_flight) <= self.usable:
+        while j > 0 and self.peaks.peak_memory_gib(lay.with_(sac_ops=subsets[j - 1]), phases) <= self.usable:
             j -= 1
         return j
 
     def simulate_scaled(self, lay: Layout, d: StageDurations,
-                        held_limit: tuple[float, ...]) -> tuple[float, tuple[float, ...]] | None:
+                        held_limit: tuple[float, ...]) -> tuple[float, tuple] | None:
         """The schedule simulation on durations in units of the first stage's forward, rounded to
         1%: leaves of neighbouring classes differ mostly by a scale, so one simulation serves many.
         The top K are re-simulated exactly (estimate_layout) before they are ranked and written.
@@ -127,12 +129,12 @@ class Scoring:
             if over is not None and all(a >= b for a, b in zip(over, held_limit)):
                 return None
             f, b, w = ([x * unit for x in key[i]] for i in (4, 5, 6))
-            makespan, _, in_flight, exceeded = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f),
+            makespan, _, _, exceeded, phases = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f),
                                                                tuple(b), tuple(w), key[7] * unit, held_limit)
             self.pool.n_sim += 1
             if exceeded:
                 self.pool.n_stopped += 1
                 self._sim_over[key] = held_limit
                 return None
-            got = self._sim_cache[key] = (makespan / unit, in_flight)
+            got = self._sim_cache[key] = (makespan / unit, phases)
         return got[0] * unit, got[1]

@@ -43,6 +43,12 @@ class ScheduleResult:
     # Outputs kept until the step ends (see simulate's `kept`), in the same units, at the moment
     # activations plus kept outputs peak; peak_in_flight is then the activations at that moment.
     peak_kept: list[float] = field(default_factory=list)
+    # Per rank and memory phase: the peak of activations plus kept outputs in that phase, as
+    # (activations, kept outputs), None for a phase the rank never entered. Phase 2j + d: j of the
+    # rank's stages have begun their weight gradients (whose accumulators then exist until the step
+    # ends), and d = 1 once the last stage has run its last backward (no loss buffers after). A rank's
+    # memory peak is the largest over its phases (memory.peak_rank_memory).
+    phases: list[list[tuple[float, float] | None]] = field(default_factory=list)
     exceeded: bool = False  # stopped early: a rank's load passed simulate's held_limit
 
     @property
@@ -75,28 +81,34 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     sched = build_schedule(schedule, pp, v, n_micro)
     st = State(sched, f, b, w, p2p, kept, held_limit, w_memory_share)
     result = ScheduleResult(schedule, pp, v, n_micro, busy=[0.0] * pp, peak_in_flight=[0.0] * pp,
-                            peak_kept=[0.0] * pp)
+                            peak_kept=[0.0] * pp, phases=[[None] * (2 * len(ra.stages) + 2) for ra in sched.ranks])
     pick = picker(sched, st, candidates_of(sched, st, *ready_times(sched, st)))
     return _run(sched, pick, actions(sched, st), _recorder(st, result, keep_blocks), result)
 
 
 @lru_cache(maxsize=8192)
 def simulate_cached(schedule: str, pp: int, v: int, m: int, f: tuple, b: tuple, w: tuple, p2p: float,
-                    held_limit: tuple | None = None) -> tuple[float, tuple, tuple, bool]:
-    """(makespan, busy, in flight, whether a rank passed held_limit and the simulation stopped)."""
+                    held_limit: tuple | None = None) -> tuple[float, tuple, tuple, bool, tuple]:
+    """(makespan, busy, in flight, whether a rank passed held_limit and the simulation stopped,
+    the memory phases of ScheduleResult.phases)."""
     res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p, keep_blocks=False,
                    held_limit=list(held_limit) if held_limit else None)
-    return res.makespan, tuple(res.busy), tuple(res.peak_in_flight), res.exceeded
+    return res.makespan, tuple(res.busy), tuple(res.peak_in_flight), res.exceeded, tuple(map(tuple, res.phases))
 
 
 def _recorder(st: State, result: ScheduleResult, keep_blocks: bool) -> Callable:
     """record(r, s, mb, kind, start, end): book a finished block on its rank and in the result."""
-    held, kept_by, free, last_kind = st.held, st.kept_by, st.free, st.last_kind
-    busy, peak, peak_kept, blocks = result.busy, result.peak_in_flight, result.peak_kept, result.blocks
+    held, kept_by, free, last_kind, phase = st.held, st.kept_by, st.free, st.last_kind, st.phase
+    busy, peak, peak_kept, blocks, phases = (result.busy, result.peak_in_flight, result.peak_kept, result.blocks,
+                                             result.phases)
 
     def record(r: int, s: int, mb: int, kind: str, start: float, end: float) -> None:
-        if held[r] + kept_by[r] > peak[r] + peak_kept[r]:
+        load = held[r] + kept_by[r]
+        if load > peak[r] + peak_kept[r]:
             peak[r], peak_kept[r] = held[r], kept_by[r]
+        ph, j = phases[r], phase[r]
+        if ph[j] is None or load > ph[j][0] + ph[j][1]:
+            ph[j] = (held[r], kept_by[r])
         if keep_blocks:
             blocks.append(Block(r, s, mb, kind, start, end))
         busy[r] += end - start

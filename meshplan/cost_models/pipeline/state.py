@@ -48,6 +48,12 @@ class State:
         self.pending_w: list[deque[tuple[int, int]]] = [deque() for _ in range(pp)]
         # Per stage: greedy (V-shaped) schedules run each stage's micro-batches in order.
         self.next_f_mb, self.next_b_mb = [0] * n, [0] * n
+        # Memory phases (ScheduleResult.phases): per stage, whether its weight gradients have begun (the
+        # first B, or the first W where split); per rank, its phase, 2 x (its stages that have begun) + 1
+        # once the last stage has finished every backward (its loss buffers are gone); per stage, the
+        # backward passes left.
+        self.grads_begun, self.phase = [False] * n, [0] * pp
+        self.backwards_left = [sched.n_micro] * n
 
 
 def ready_times(sched: Schedule, st: State) -> tuple[Callable, Callable]:
@@ -179,7 +185,7 @@ def picker(sched: Schedule, st: State, candidates: list[Callable]) -> Callable:
 def actions(sched: Schedule, st: State) -> dict[str, Callable]:
     """Per kind, run(r, start, candidate) -> (stage, micro-batch, end, the other rank it readies or -1),
     or None when a forward leaves rank r holding more than held_limit allows."""
-    return {"F": _forward_action(sched, st), "B": _backward_action(sched, st), "W": _weight_action(st)}
+    return {"F": _forward_action(sched, st), "B": _backward_action(sched, st), "W": _weight_action(sched, st)}
 
 
 def _forward_action(sched: Schedule, st: State) -> Callable:
@@ -214,6 +220,7 @@ def _backward_action(sched: Schedule, st: State) -> Callable:
     b_eff, share, b_done = st.b_eff, st.w_memory_share, st.b_done
     held, n_held, pending_w = st.held, st.n_held, st.pending_w
     next_b, next_b_mb = st.next_b, st.next_b_mb
+    grads_done = _gradient_bookkeeping(sched, st)
 
     def backward(r: int, start: float, cand: Candidate) -> tuple:
         s, mb = -cand[3], cand[2]
@@ -228,18 +235,37 @@ def _backward_action(sched: Schedule, st: State) -> Callable:
             pending_w[r].append((s, mb))
         else:
             held[r] -= 1.0
+            grads_done(r, s)
         return s, mb, end, rank_of[s - 1] if s > 0 else -1  # readies the previous stage's backward
 
     return backward
 
 
-def _weight_action(st: State) -> Callable:
+def _weight_action(sched: Schedule, st: State) -> Callable:
     w, share, held, pending_w = st.w, st.w_memory_share, st.held, st.pending_w
+    grads_done = _gradient_bookkeeping(sched, st)
 
     def weight(r: int, start: float, cand: Candidate) -> tuple:
         s, mb = cand[3], cand[2]
         pending_w[r].popleft()
         held[r] -= share
+        grads_done(r, s)
         return s, mb, start + w[s], -1
 
     return weight
+
+
+def _gradient_bookkeeping(sched: Schedule, st: State) -> Callable:
+    """grads_done(r, s): stage s on rank r has computed one micro-batch's weight gradients (its B, or
+    its W where split): move the rank's memory phase on."""
+    last_stage, grads_begun, phase, left = sched.n_stages - 1, st.grads_begun, st.phase, st.backwards_left
+
+    def grads_done(r: int, s: int) -> None:
+        if not grads_begun[s]:
+            grads_begun[s] = True
+            phase[r] += 2
+        left[s] -= 1
+        if s == last_stage and not left[s]:
+            phase[r] += 1
+
+    return grads_done
