@@ -139,8 +139,16 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "fixed cost per step; 0 in every built-in (calibrate fits it on measured runs)", bounds=(0.0, 10.0)),
     ProfileConstant("overheads.memory_fragmentation", *_overhead("memory_fragmentation"), 0.0,
                     "CUDA caching-allocator slack on live tensors: reserved / allocated - 1 at the peak; fitted "
-                    "on TorchTitan's peak memory column (max reserved), 5 % allocator practice before the fit",
-                    {"h100-96g-gt": TORCHTITAN}, (0.0, 0.5), time=False),
+                    "on TorchTitan's peak memory column (max reserved) of its unpipelined runs, 5 % allocator "
+                    "practice before the fit", {"h100-96g-gt": TORCHTITAN[0:4]}, (0.0, 0.5), time=False),
+    ProfileConstant("overheads.pp_memory_fragmentation",
+                    lambda p: (p.overheads.memory_fragmentation if p.overheads.pp_memory_fragmentation is None
+                               else p.overheads.pp_memory_fragmentation),
+                    _overhead("pp_memory_fragmentation")[1], 0.0,
+                    "the same slack where FSDP2 accumulates unsharded fp32 gradients under pipelining (memory."
+                    "pp_accumulates): accumulators of hundreds of MB appear mid-step among the activations "
+                    "being freed; fitted on TorchTitan's pipelined runs (max reserved), unsourced otherwise",
+                    {"h100-96g-gt": TORCHTITAN[4:6]}, (0.0, 0.5), time=False),
     ProfileConstant("overheads.context_gib", *_overhead("context_gib"), 0.0,
                     "CUDA context + NCCL buffers + cuBLAS workspace per rank (~1 GiB)", time=False, bounds=(0.0, 4.0)),
 )

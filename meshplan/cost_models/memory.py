@@ -117,8 +117,15 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
         # (zero_grad sets them to None); gradients grow only as activations are freed.
         mem.parts["grads"] = max(0.0, mem.parts["grads"] - mem.parts["activations"] - mem.parts["transient"])
     live = mem.total
-    mem.parts["overhead"] = overheads.context_gib * GIB + overheads.memory_fragmentation * live
+    mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * live
     return mem
+
+
+def fragmentation(lay: Layout, overheads: Overheads) -> float:
+    """The caching allocator's slack on live tensors (reserved / allocated - 1 at the peak)."""
+    if overheads.pp_memory_fragmentation is not None and pp_accumulates(lay):
+        return overheads.pp_memory_fragmentation
+    return overheads.memory_fragmentation
 
 
 def _convention(lay: Layout) -> Convention:

@@ -104,6 +104,9 @@ class Overheads:
     tp_async_overlap: float = 0.21  # fraction of TP comm hidden by async TP (TorchTitan A/B, see built-ins)
     cp_overlap: float = 0.8
     memory_fragmentation: float = 0.05  # allocator slack on top of live tensors
+    # The same slack where FSDP2 accumulates gradients under pipelining (cost_models/memory.py,
+    # pp_accumulates); None: memory_fragmentation.
+    pp_memory_fragmentation: float | None = None
     context_gib: float = 1.0  # CUDA context, NCCL buffers and workspace per rank
     step_overhead_s: float = 0.0  # per-step fixed cost (launch, optimizer sync)
     kernel_efficiency: float = 1.0  # multiplier on compute throughput (e.g. torch.compile fusion)
