@@ -166,6 +166,21 @@ def peak_rank_memory(lay: Layout, rank: int, phases, overheads: Overheads) -> Ra
                key=lambda m: m.total)
 
 
+def passed_phases(lay: Layout) -> tuple:
+    """Memory phases (as in ScheduleResult.phases) that every pipeline rank of this layout passes
+    through, whatever the schedule's timing: what a lower bound on its peak may price. Its first forward
+    done (one set held, nothing accumulated) and its last backward done (every accumulator, nothing
+    held, no loss left); with one stage per rank and two or more micro-batches, also one set held with
+    every accumulator and a loss still to run (after its first backward either a forward follows, or
+    all forwards came first and the other micro-batches are still held)."""
+    n = 2 * lay.v + 2
+    phases: list = [None] * n
+    phases[0], phases[n - 1] = (1.0, 0.0), (0.0, 0.0)
+    if lay.v == 1 and lay.n_micro >= 2:
+        phases[2] = (1.0, 0.0)
+    return tuple(phases)
+
+
 def phase_memory(lay: Layout, rank: int, phase: int, load: tuple[float, float], overheads: Overheads) -> RankMemory:
     """A pipeline rank's memory in one phase (see peak_rank_memory) at load = (activation units, kept outputs)."""
     accumulating = phase // 2 if pp_accumulates(lay) else None

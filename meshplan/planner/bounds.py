@@ -12,7 +12,7 @@ from meshplan.cost_models.estimate import (StageDurations, StepParts, block_key,
                                            stage_durations, stage_inputs, step_parts)
 from meshplan.cost_models.host import pipeline_action_s
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.memory import GIB, STATE_BYTES, rank_memory
+from meshplan.cost_models.memory import GIB, ONE_RANK_PHASES, STATE_BYTES, passed_phases, peak_rank_memory
 from meshplan.cost_models.pipeline import makespan_lower_bound
 from meshplan.planner.space import Mesh
 from meshplan.profiles.schema import ClusterProfile
@@ -35,16 +35,13 @@ class Bounds:
     def rank_memory_bound_gib(self, lay: Layout) -> float:
         """Below the peak of any stage split: the lightest of the first, second and last pipeline ranks
         of the even split (memory is about linear in a rank's layers, so the average rank of any split
-        weighs at least the lightest rank of the even one), each at the heavier of two states every
-        rank passes through: its first forward done (one set in flight, no gradient accumulators yet),
-        and its last backward done (every accumulator, none in flight).
+        weighs at least the lightest rank of the even one), each at the heaviest of the states every
+        rank passes through (memory.passed_phases).
         Stops at the first rank under the usable memory: the bound then fits, whatever the rest say."""
         lightest = float("inf")
-        o = self.prof.overheads
+        phases = passed_phases(lay) if lay.pp > 1 else ONE_RANK_PHASES[0]
         for r in dict.fromkeys((min(1, lay.pp - 1), lay.pp - 1, 0)):  # middle ranks are usually lightest
-            passed = max(rank_memory(lay, r, 1.0, o, accumulating=0).total,
-                         rank_memory(lay, r, 0.0, o, loss_live=False).total)
-            lightest = min(lightest, passed / GIB)
+            lightest = min(lightest, peak_rank_memory(lay, r, phases, self.prof.overheads).total / GIB)
             if lightest <= self.usable:
                 break
         return lightest

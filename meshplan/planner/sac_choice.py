@@ -13,7 +13,7 @@ from typing import Any
 from meshplan.cost_models.activations import activation_bytes_per_token
 from meshplan.cost_models.estimate import group_spans, step_parts
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.memory import ONE_RANK_PHASES
+from meshplan.cost_models.memory import ONE_RANK_PHASES, passed_phases
 from meshplan.cost_models.pipeline import in_flight_limit
 from meshplan.planner.peaks import Peaks
 from meshplan.planner.results import Candidate
@@ -104,13 +104,12 @@ class SacChoice:
 
 def _phases(lay: Layout, optimistic: bool) -> tuple:
     """Memory phases (pipeline ScheduleResult.phases) to price a subset at before any simulation.
-    Optimistic: only two states every rank passes through, its first forward done (one set held, no
-    gradient accumulators) and its last backward done (every accumulator, nothing held), so no faster
-    subset can fit. Else each rank at its schedule's in-flight limit with every accumulator."""
+    Optimistic: only states every rank passes through (memory.passed_phases), so no faster subset can
+    fit. Else each rank at its schedule's in-flight limit with every accumulator."""
     if lay.pp == 1:
         return ONE_RANK_PHASES
     n = 2 * lay.v + 2
     if optimistic:
-        return tuple(((1.0, 0.0),) + (None,) * (n - 2) + ((0.0, 0.0),) for _ in range(lay.pp))
+        return (passed_phases(lay),) * lay.pp
     return tuple((None,) * (n - 2) + ((float(in_flight_limit(lay.schedule, lay.pp, lay.v, r, lay.n_micro)), 0.0), None)
                  for r in range(lay.pp))
