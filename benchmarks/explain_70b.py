@@ -39,6 +39,7 @@ from meshplan.cost_models.estimate import (Estimate, compose_step, data_parallel
                                            step_parts)
 from meshplan.cost_models.host import block_host
 from meshplan.cost_models.layout import Layout, layout_of, runtime_paths
+from meshplan.cost_models.memory import fragmentation_field
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.cost_models.published import PublishedRow, torchtitan_rows
 from meshplan.planner.search import search
@@ -210,7 +211,7 @@ def term_drivers(lay: Layout, est: Estimate, prof: ClusterProfile) -> dict[str, 
                             "overheads.fsdp_overlap"],
         "optimizer": ["model.adamw_bytes_per_param"] + hbm + host,
         "step overhead": ["overheads.step_overhead_s"],
-        "overhead (memory)": ["overheads.memory_fragmentation", "overheads.context_gib"],
+        "overhead (memory)": [f"overheads.{fragmentation_field(lay, prof.overheads)}", "overheads.context_gib"],
     }
 
 

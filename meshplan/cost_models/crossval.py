@@ -279,6 +279,11 @@ def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = Fal
     return lines
 
 
+def _worst_memory(errs: list[RowError]) -> str:
+    worst = max((e for e in errs if e.memory is not None), key=lambda e: abs(e.memory), default=None)
+    return "n/a" if worst is None else f"{worst.memory:+.1%} ({worst.label})"
+
+
 def cross_text(result: CrossResult | None = None) -> str:
     """`meshplan validate --cross`: in-sample and leave-one-table-out scores per source and overall."""
     r = result or cross_validate()
@@ -287,6 +292,7 @@ def cross_text(result: CrossResult | None = None) -> str:
     lines += _score_lines("", sets)
     lines += ["", "peak memory (error = predicted / measured - 1)"]
     lines += _score_lines("", sets, memory=True)
+    lines += [f"largest memory error {name}: {_worst_memory(v)}" for name, v in sets.items()]
     lines += ["", "fitted constants: on every table | range over the leave-one-table-out fits"]
     for key, v in r.fitted_all.items():
         others = [w[key] for w in r.fitted_without.values() if key in w]

@@ -123,9 +123,14 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
 
 def fragmentation(lay: Layout, overheads: Overheads) -> float:
     """The caching allocator's slack on live tensors (reserved / allocated - 1 at the peak)."""
+    return getattr(overheads, fragmentation_field(lay, overheads))
+
+
+def fragmentation_field(lay: Layout, overheads: Overheads) -> str:
+    """Which of the profile's overheads prices this layout's allocator slack."""
     if overheads.pp_memory_fragmentation is not None and pp_accumulates(lay):
-        return overheads.pp_memory_fragmentation
-    return overheads.memory_fragmentation
+        return "pp_memory_fragmentation"
+    return "memory_fragmentation"
 
 
 def _convention(lay: Layout) -> Convention:
