@@ -167,8 +167,21 @@ def peak_rank_memory(lay: Layout, rank: int, phases, overheads: Overheads) -> Ra
     """A pipeline rank's peak over the memory phases of its step (ScheduleResult.phases): phases[2j + d]
     = (activation units, kept outputs) at the highest point while j of its stages hold gradient
     accumulators, d = 1 once the last stage's losses are all backpropagated; None where never entered."""
-    return max((phase_memory(lay, rank, i, p, overheads) for i, p in enumerate(phases) if p is not None),
+    return max((phase_memory(lay, rank, i, p, overheads) for i, p in heaviest_phases(enumerate(phases))),
                key=lambda m: m.total)
+
+
+def heaviest_phases(indexed) -> list[tuple[int, tuple[float, float]]]:
+    """Of (phase, load) pairs, those no other outweighs: memory grows with activations held, outputs
+    kept, accumulators (the phase // 2) and a live loss (an even phase), so a phase that another
+    matches or beats in all four cannot hold the peak."""
+    cands = [(i, p) for i, p in indexed if p is not None]
+
+    def beats(b, a) -> bool:
+        (i, p), (k, q) = b, a
+        return p[0] >= q[0] and p[1] >= q[1] and i // 2 >= k // 2 and (i % 2 <= k % 2) and b != a
+
+    return [a for a in cands if not any(beats(b, a) for b in cands)]
 
 
 def passed_phases(lay: Layout) -> tuple:

@@ -9,7 +9,7 @@ cannot fit.
 from __future__ import annotations
 
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.memory import GIB, phase_memory, rank_memory, stage_params
+from meshplan.cost_models.memory import GIB, heaviest_phases, phase_memory, rank_memory, stage_params
 from meshplan.profiles.schema import ClusterProfile
 
 
@@ -24,10 +24,13 @@ class Peaks:
         those: one rank per such group and phase is enough."""
         peak = 0.0
         for ranks in self.rank_groups(lay):
+            # Per phase, the rank of the group holding the most; then only phases no other outweighs.
+            heaviest = {}
             for i in range(len(phases[ranks[0]])):
                 r = max(ranks, key=lambda r: -1.0 if phases[r][i] is None else phases[r][i][0])
-                if phases[r][i] is not None:
-                    peak = max(peak, phase_memory(lay, r, i, phases[r][i], self.prof.overheads).total)
+                heaviest[i] = r
+            for i, load in heaviest_phases((i, phases[r][i]) for i, r in heaviest.items()):
+                peak = max(peak, phase_memory(lay, heaviest[i], i, load, self.prof.overheads).total)
         return peak / GIB
 
     def rank_groups(self, lay: Layout) -> list[list[int]]:

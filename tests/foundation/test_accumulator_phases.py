@@ -105,3 +105,18 @@ def test_the_planners_memory_bound_stays_below_the_simulated_peak(schedule, n_mi
     est = estimate_layout(lay, PROF)
     bound = Bounds(SPEC, PROF, usable_gib=0.0).rank_memory_bound_gib(lay)
     assert bound <= est.peak_memory_gib * (1 + 1e-12)
+
+
+def test_only_phases_no_other_outweighs_are_priced():
+    from meshplan.cost_models.memory import heaviest_phases
+
+    phases = [(3.0, 0.0), None, (2.0, 0.0), (2.0, 0.0), (1.0, 0.0), (1.0, 1.0)]
+    # Phase 3 (one accumulator set, loss done) is matched by phase 2 (same held, loss live); phase 4
+    # (two sets, loss live) and 5 (two sets, loss done, but an output kept) each beat the others somewhere.
+    assert heaviest_phases(enumerate(phases)) == [(0, (3.0, 0.0)), (2, (2.0, 0.0)), (4, (1.0, 0.0)),
+                                                  (5, (1.0, 1.0))]
+    # Pricing only those gives the same peak as pricing all of them.
+    lay = _layout(schedule="Interleaved1F1B", v=2, stage_layers=(4, 4, 4, 4))
+    from meshplan.cost_models.memory import peak_rank_memory, phase_memory
+    every = max(phase_memory(lay, 1, i, p, PROF.overheads).total for i, p in enumerate(phases) if p is not None)
+    assert peak_rank_memory(lay, 1, phases, PROF.overheads).total == every
