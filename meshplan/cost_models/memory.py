@@ -18,7 +18,7 @@ from meshplan.profiles.schema import Overheads
 
 GIB = 1024.0 ** 3
 # The memory phases (pipeline ScheduleResult.phases) of an unpipelined step: one activation set.
-ONE_RANK_PHASES = (((1.0, 0.0),),)
+ONE_RANK_PHASES = (((1.0, 0.0, 1.0),),)
 STATE_BYTES = {"params": 4.0, "grads": 4.0, "optimizer": 8.0}
 
 
@@ -72,12 +72,12 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
 
 
 def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, kept: float = 0.0,
-                accumulating: int | None = None, loss_live: bool = True) -> RankMemory:
+                accumulating: int | None = None, loss_live: bool = True, losses: float = 1.0) -> RankMemory:
     """Peak bytes on pipeline rank `rank`; in_flight = (stage, micro-batch) activation sets held at peak,
     kept = stage outputs held to the step's end at that moment, in the same units (see kept_output_units);
     accumulating = how many of the rank's stages hold gradient accumulators at that moment (None: all;
     see pp_accumulates); loss_live = whether the last stage (if on this rank) still has a loss to run
-    backward through."""
+    backward through; losses = its micro-batches whose loss graph is alive (pipelined ranks only)."""
     sp = stage_params(lay, rank)
     p = sp.total
     shard = lay.fsdp_shard
@@ -95,8 +95,14 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     if lay.ac != "none":
         transient = tokens * recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes,
                                                             _convention(lay))
+    saved = 0.0
+    if sp.head and lay.pp > 1:
+        # The schedule computes each micro-batch's loss at its forward and backpropagates it later: its
+        # saved tensors live from one to the other, and only the backward's own buffers are transient.
+        saved = loss_saved_bytes(lay)
+        mem.parts["losses"] = losses * saved
     if sp.head and loss_live:
-        transient = max(transient, loss_buffer_bytes(lay))
+        transient = max(transient, loss_buffer_bytes(lay) - saved)
     mem.parts["transient"] = transient
     if lay.pp > 1:
         # torch.distributed.pipelining allocates receive buffers for every micro-batch up front:
@@ -106,8 +112,8 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
         receiving = 2 * lay.v - (1 if sp.embedding else 0) - (1 if sp.head else 0)
         mem.parts["pp_buffers"] = lay.n_micro * hidden * receiving
         if kept:
-            # The micro-batch whose loss is being computed has its logits in the transient already.
-            current = logits_bytes(lay) if sp.head and loss_live else 0.0
+            # The logits of micro-batches whose loss graph is alive are counted with it already.
+            current = losses * logits_bytes(lay) if sp.head else 0.0
             mem.parts["pp_outputs"] = max(0.0, kept * unit - current)
     if lay.cp > 1:
         # All-gathered keys and values of one layer, for the whole sequence.
@@ -115,7 +121,8 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     if not _grads_live_at_peak(lay):
         # Without accumulation the peak is at the start of backward, before any gradient exists
         # (zero_grad sets them to None); gradients grow only as activations are freed.
-        mem.parts["grads"] = max(0.0, mem.parts["grads"] - mem.parts["activations"] - mem.parts["transient"])
+        held = mem.parts["activations"] + mem.parts["transient"] + mem.parts.get("losses", 0.0)
+        mem.parts["grads"] = max(0.0, mem.parts["grads"] - held)
     live = mem.total
     mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * live
     return mem
@@ -165,21 +172,23 @@ def kept_output_units(lay: Layout) -> list[float]:
 
 def peak_rank_memory(lay: Layout, rank: int, phases, overheads: Overheads) -> RankMemory:
     """A pipeline rank's peak over the memory phases of its step (ScheduleResult.phases): phases[2j + d]
-    = (activation units, kept outputs) at the highest point while j of its stages hold gradient
-    accumulators, d = 1 once the last stage's losses are all backpropagated; None where never entered."""
+    = (activation units, kept outputs, live losses) at the highest point while j of its stages hold
+    gradient accumulators, d = 1 once the last stage's losses are all backpropagated; None where never
+    entered."""
     return max((phase_memory(lay, rank, i, p, overheads) for i, p in heaviest_phases(enumerate(phases))),
                key=lambda m: m.total)
 
 
-def heaviest_phases(indexed) -> list[tuple[int, tuple[float, float]]]:
+def heaviest_phases(indexed) -> list[tuple[int, tuple[float, float, float]]]:
     """Of (phase, load) pairs, those no other outweighs: memory grows with activations held, outputs
-    kept, accumulators (the phase // 2) and a live loss (an even phase), so a phase that another
-    matches or beats in all four cannot hold the peak."""
+    kept, live loss graphs, accumulators (the phase // 2) and a loss still to run (an even phase), so a
+    phase that another matches or beats in all five cannot hold the peak."""
     cands = [(i, p) for i, p in indexed if p is not None]
 
     def beats(b, a) -> bool:
         (i, p), (k, q) = b, a
-        return p[0] >= q[0] and p[1] >= q[1] and i // 2 >= k // 2 and (i % 2 <= k % 2) and b != a
+        return (p[0] >= q[0] and p[1] >= q[1] and p[2] >= q[2] and i // 2 >= k // 2 and i % 2 <= k % 2
+                and b != a)
 
     return [a for a in cands if not any(beats(b, a) for b in cands)]
 
@@ -193,16 +202,18 @@ def passed_phases(lay: Layout) -> tuple:
     all forwards came first and the other micro-batches are still held)."""
     n = 2 * lay.v + 2
     phases: list = [None] * n
-    phases[0], phases[n - 1] = (1.0, 0.0), (0.0, 0.0)
+    phases[0], phases[n - 1] = (1.0, 0.0, 1.0), (0.0, 0.0, 0.0)
     if lay.v == 1 and lay.n_micro >= 2:
-        phases[2] = (1.0, 0.0)
+        phases[2] = (1.0, 0.0, 1.0)
     return tuple(phases)
 
 
-def phase_memory(lay: Layout, rank: int, phase: int, load: tuple[float, float], overheads: Overheads) -> RankMemory:
-    """A pipeline rank's memory in one phase (see peak_rank_memory) at load = (activation units, kept outputs)."""
+def phase_memory(lay: Layout, rank: int, phase: int, load: tuple[float, float, float],
+                 overheads: Overheads) -> RankMemory:
+    """A pipeline rank's memory in one phase (see peak_rank_memory) at load = (activation units, kept
+    outputs, live losses of the last stage)."""
     accumulating = phase // 2 if pp_accumulates(lay) else None
-    return rank_memory(lay, rank, load[0], overheads, load[1], accumulating, not phase % 2)
+    return rank_memory(lay, rank, load[0], overheads, load[1], accumulating, not phase % 2, load[2])
 
 
 def pp_accumulates(lay: Layout) -> bool:
@@ -225,6 +236,15 @@ def _grads_live_at_peak(lay: Layout) -> bool:
     if lay.n_micro == 1:
         return False
     return not (lay.pp > 1 and lay.fsdp_shard > 1)
+
+
+def loss_saved_bytes(lay: Layout) -> float:
+    """What one micro-batch's loss keeps from its forward to its backward on the last pipeline stage:
+    the logits (the stage output the schedule caches for the backward), the log-softmax result the
+    cross-entropy saves (fp32), and the final norm output the head matmul saved."""
+    elems = lay.tokens_per_micro * lay.spec.vocab_size / lay.tp
+    per = lay.act_bytes + 4.0 if lay.act_bytes < 4 else 8.0
+    return elems * per + lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
 
 
 def loss_buffer_bytes(lay: Layout) -> float:

@@ -111,5 +111,5 @@ def _phases(lay: Layout, optimistic: bool) -> tuple:
     n = 2 * lay.v + 2
     if optimistic:
         return (passed_phases(lay),) * lay.pp
-    return tuple((None,) * (n - 2) + ((float(in_flight_limit(lay.schedule, lay.pp, lay.v, r, lay.n_micro)), 0.0), None)
-                 for r in range(lay.pp))
+    return tuple((None,) * (n - 2) + ((float(in_flight_limit(lay.schedule, lay.pp, lay.v, r, lay.n_micro)), 0.0, 1.0),
+                                       None) for r in range(lay.pp))

@@ -22,16 +22,19 @@ BLOCK = D * D * 2 + 2 * D * KV + 3 * D * F + 2 * D  # wq, wo, wk, wv, w1-w3, two
 
 def test_phases_of_1f1b_by_hand():
     res = simulate("1F1B", 2, 1, 2, [1.0, 1.0], [2.0, 2.0])
-    # Rank 0: F0 F1 (two held, nothing accumulated), B0 (accumulators begin, one held), B1.
-    assert res.phases[0] == [(2.0, 0.0), None, (1.0, 0.0), None]
-    # Rank 1, the last stage: F0, B0 (accumulators), F1 (one held again, a loss still to run), B1 (losses done).
-    assert res.phases[1] == [(1.0, 0.0), None, (1.0, 0.0), (0.0, 0.0)]
+    # (held, kept, live losses). Rank 0: F0 F1 (two held, nothing accumulated), B0 (accumulators
+    # begin, one held), B1.
+    assert res.phases[0] == [(2.0, 0.0, 0.0), None, (1.0, 0.0, 0.0), None]
+    # Rank 1, the last stage: F0 (its loss computed), B0 (accumulators), F1 (one held again, its loss
+    # alive), B1 (losses done).
+    assert res.phases[1] == [(1.0, 0.0, 1.0), None, (1.0, 0.0, 1.0), (0.0, 0.0, 0.0)]
 
 
 def test_phases_of_gpipe_by_hand():
     res = simulate("GPipe", 2, 1, 2, [1.0, 1.0], [2.0, 2.0])
-    assert res.phases[0] == [(2.0, 0.0), None, (1.0, 0.0), None]
-    assert res.phases[1] == [(2.0, 0.0), None, (1.0, 0.0), (0.0, 0.0)]
+    assert res.phases[0] == [(2.0, 0.0, 0.0), None, (1.0, 0.0, 0.0), None]
+    # Both losses computed before either backward: both graphs alive at once.
+    assert res.phases[1] == [(2.0, 0.0, 2.0), None, (1.0, 0.0, 1.0), (0.0, 0.0, 0.0)]
 
 
 @pytest.mark.parametrize("schedule", PP_SCHEDULES)
@@ -80,14 +83,19 @@ def test_the_last_stage_sheds_its_loss_buffers_after_its_last_backward():
     # bf16 logits, their fp32 upcast, the saved log-softmax and its fp32 gradient (2 + 12 bytes a logit),
     # and the final norm's bf16 output the head matmul saved.
     loss = tokens * V * 14 + tokens * D * 2
-    with_loss = rank_memory(lay, 1, 1.0, o, accumulating=1, loss_live=True).parts["transient"]
-    without = rank_memory(lay, 1, 1.0, o, accumulating=1, loss_live=False).parts["transient"]
-    assert with_loss == pytest.approx(loss, rel=1e-12)
+    # Of it, a micro-batch keeps from its forward to its backward its bf16 logits (the cached stage
+    # output), the fp32 log-softmax and the norm output: the rest is the backward's own.
+    saved = tokens * V * 6 + tokens * D * 2
+    live = rank_memory(lay, 1, 1.0, o, accumulating=1, loss_live=True, losses=1.0)
+    with_loss = live.parts["transient"]
+    without = rank_memory(lay, 1, 1.0, o, accumulating=1, loss_live=False, losses=0.0).parts["transient"]
+    assert live.parts["losses"] == pytest.approx(saved, rel=1e-12)
+    assert with_loss + live.parts["losses"] == pytest.approx(loss, rel=1e-12)
     # Without it only the recompute of one block remains, as on a rank without the head.
     assert without == rank_memory(lay, 0, 1.0, o, accumulating=1).parts["transient"] < with_loss
     # In the simulation the last rank enters its final phase (losses done) only after its last backward.
     res = simulate("GPipe", 2, 1, lay.n_micro, [1.0, 1.0], [2.0, 2.0])
-    assert res.phases[1][3] == (0.0, 0.0)
+    assert res.phases[1][3] == (0.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("schedule", PP_SCHEDULES)
@@ -110,13 +118,21 @@ def test_the_planners_memory_bound_stays_below_the_simulated_peak(schedule, n_mi
 def test_only_phases_no_other_outweighs_are_priced():
     from meshplan.cost_models.memory import heaviest_phases
 
-    phases = [(3.0, 0.0), None, (2.0, 0.0), (2.0, 0.0), (1.0, 0.0), (1.0, 1.0)]
+    phases = [(3.0, 0.0, 0.0), None, (2.0, 0.0, 0.0), (2.0, 0.0, 0.0), (1.0, 0.0, 0.0), (1.0, 1.0, 0.0)]
     # Phase 3 (one accumulator set, loss done) is matched by phase 2 (same held, loss live); phase 4
     # (two sets, loss live) and 5 (two sets, loss done, but an output kept) each beat the others somewhere.
-    assert heaviest_phases(enumerate(phases)) == [(0, (3.0, 0.0)), (2, (2.0, 0.0)), (4, (1.0, 0.0)),
-                                                  (5, (1.0, 1.0))]
+    assert heaviest_phases(enumerate(phases)) == [(0, (3.0, 0.0, 0.0)), (2, (2.0, 0.0, 0.0)), (4, (1.0, 0.0, 0.0)),
+                                                  (5, (1.0, 1.0, 0.0))]
     # Pricing only those gives the same peak as pricing all of them.
     lay = _layout(schedule="Interleaved1F1B", v=2, stage_layers=(4, 4, 4, 4))
     from meshplan.cost_models.memory import peak_rank_memory, phase_memory
     every = max(phase_memory(lay, 1, i, p, PROF.overheads).total for i, p in enumerate(phases) if p is not None)
     assert peak_rank_memory(lay, 1, phases, PROF.overheads).total == every
+
+
+def test_gpipe_last_rank_holds_every_micro_batchs_loss_graph_by_hand():
+    lay = _layout()  # GPipe, 4 micro-batches of 4096 tokens: the last stage computes 4 losses before any backward
+    est = estimate_layout(lay, PROF)
+    last = est.per_rank_memory_gib[1]
+    tokens = 4096
+    assert last["losses"] == pytest.approx(4 * (tokens * V * 6 + tokens * D * 2) / GIB, rel=1e-12)

@@ -43,12 +43,13 @@ class ScheduleResult:
     # Outputs kept until the step ends (see simulate's `kept`), in the same units, at the moment
     # activations plus kept outputs peak; peak_in_flight is then the activations at that moment.
     peak_kept: list[float] = field(default_factory=list)
-    # Per rank and memory phase: the peak of activations plus kept outputs in that phase, as
-    # (activations, kept outputs), None for a phase the rank never entered. Phase 2j + d: j of the
-    # rank's stages have begun their weight gradients (whose accumulators then exist until the step
-    # ends), and d = 1 once the last stage has run its last backward (no loss buffers after). A rank's
-    # memory peak is the largest over its phases (memory.peak_rank_memory).
-    phases: list[list[tuple[float, float] | None]] = field(default_factory=list)
+    # Per rank and memory phase: (activations, kept outputs) at the peak of their sum in that phase,
+    # and the most of the last stage's micro-batches whose loss graph was alive in it (an upper bound
+    # when that happened at another moment); None for a phase the rank never entered. Phase 2j + d: j
+    # of the rank's stages have begun their weight gradients (whose accumulators then exist until the
+    # step ends), and d = 1 once the last stage has run its last backward (no loss buffers after). A
+    # rank's memory peak is the largest over its phases (memory.peak_rank_memory).
+    phases: list[list[tuple[float, float, float] | None]] = field(default_factory=list)
     exceeded: bool = False  # stopped early: a rank's load passed simulate's held_limit
 
     @property
@@ -98,7 +99,7 @@ def simulate_cached(schedule: str, pp: int, v: int, m: int, f: tuple, b: tuple, 
 
 def _recorder(st: State, result: ScheduleResult, keep_blocks: bool) -> Callable:
     """record(r, s, mb, kind, start, end): book a finished block on its rank and in the result."""
-    held, kept_by, free, last_kind, phase = st.held, st.kept_by, st.free, st.last_kind, st.phase
+    held, kept_by, free, last_kind, phase, losses = st.held, st.kept_by, st.free, st.last_kind, st.phase, st.losses
     busy, peak, peak_kept, blocks, phases = (result.busy, result.peak_in_flight, result.peak_kept, result.blocks,
                                              result.phases)
 
@@ -107,8 +108,11 @@ def _recorder(st: State, result: ScheduleResult, keep_blocks: bool) -> Callable:
         if load > peak[r] + peak_kept[r]:
             peak[r], peak_kept[r] = held[r], kept_by[r]
         ph, j = phases[r], phase[r]
-        if ph[j] is None or load > ph[j][0] + ph[j][1]:
-            ph[j] = (held[r], kept_by[r])
+        got = ph[j]
+        if got is None or load > got[0] + got[1]:
+            ph[j] = (held[r], kept_by[r], float(max(losses[r], got[2] if got else 0)))
+        elif losses[r] > got[2]:
+            ph[j] = (got[0], got[1], float(losses[r]))
         if keep_blocks:
             blocks.append(Block(r, s, mb, kind, start, end))
         busy[r] += end - start

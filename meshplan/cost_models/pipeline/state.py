@@ -54,6 +54,9 @@ class State:
         # backward passes left.
         self.grads_begun, self.phase = [False] * n, [0] * pp
         self.backwards_left = [sched.n_micro] * n
+        # Per rank: the last stage's micro-batches between their forward (which computed the loss) and
+        # the backward that frees its graph (the weight pass where backward is split).
+        self.losses = [0] * pp
 
 
 def ready_times(sched: Schedule, st: State) -> tuple[Callable, Callable]:
@@ -192,7 +195,7 @@ def _forward_action(sched: Schedule, st: State) -> Callable:
     n_micro, last_stage, rank_of = sched.n_micro, sched.n_stages - 1, sched.rank_of
     fixed = [ra.forwards is not None for ra in sched.ranks]
     f, kept, held_limit, f_done = st.f, st.kept, st.held_limit, st.f_done
-    held, n_held, kept_by = st.held, st.n_held, st.kept_by
+    held, n_held, kept_by, losses = st.held, st.n_held, st.kept_by, st.losses
     next_f, pending_f, next_f_mb = st.next_f, st.pending_f, st.next_f_mb
 
     def forward(r: int, start: float, cand: Candidate) -> tuple | None:
@@ -205,6 +208,8 @@ def _forward_action(sched: Schedule, st: State) -> Callable:
         f_done[s * n_micro + mb] = end
         held[r] += 1.0
         n_held[r] += 1
+        if s == last_stage:
+            losses[r] += 1
         if kept is not None:
             kept_by[r] += kept[s]
         if held_limit is not None and held[r] + kept_by[r] > held_limit[r]:
@@ -257,15 +262,18 @@ def _weight_action(sched: Schedule, st: State) -> Callable:
 
 def _gradient_bookkeeping(sched: Schedule, st: State) -> Callable:
     """grads_done(r, s): stage s on rank r has computed one micro-batch's weight gradients (its B, or
-    its W where split): move the rank's memory phase on."""
-    last_stage, grads_begun, phase, left = sched.n_stages - 1, st.grads_begun, st.phase, st.backwards_left
+    its W where split): move the rank's memory phase on, and free the last stage's loss graph."""
+    last_stage, grads_begun, phase, left, losses = (sched.n_stages - 1, st.grads_begun, st.phase, st.backwards_left,
+                                                    st.losses)
 
     def grads_done(r: int, s: int) -> None:
         if not grads_begun[s]:
             grads_begun[s] = True
             phase[r] += 2
         left[s] -= 1
-        if s == last_stage and not left[s]:
-            phase[r] += 1
+        if s == last_stage:
+            losses[r] -= 1
+            if not left[s]:
+                phase[r] += 1
 
     return grads_done
