@@ -243,7 +243,7 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
                        keep_blocks=False, kept=list(kept_units))
         makespan, busy, phases = res.makespan, res.busy, res.phases
     elif lay.pp > 1:
-        makespan, busy, _, _, phases = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
+        makespan, busy, _, phases = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
                                                        tuple(d.backward), tuple(d.weight), d.p2p)
     else:
         makespan, busy, phases = parts.busy[0], parts.busy, ONE_RANK_PHASES

@@ -129,7 +129,7 @@ class Scoring:
             if over is not None and all(a >= b for a, b in zip(over, held_limit)):
                 return None
             f, b, w = ([x * unit for x in key[i]] for i in (4, 5, 6))
-            makespan, _, _, exceeded, phases = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f),
+            makespan, _, exceeded, phases = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f),
                                                                tuple(b), tuple(w), key[7] * unit, held_limit)
             self.pool.n_sim += 1
             if exceeded:

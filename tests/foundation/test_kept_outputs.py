@@ -22,10 +22,13 @@ def test_simulation_peaks_activations_plus_kept_outputs():
     # 1F1B on 2 ranks, 2 micro-batches; only the last stage keeps its outputs (1 unit each).
     res = simulate("1F1B", 2, 1, 2, [1.0, 1.0], [2.0, 2.0], kept=[0.0, 1.0])
     assert res.peak_in_flight == [2.0, 1.0]
-    # Rank 1 runs F B F B: its second forward holds one activation set and two kept outputs.
-    assert res.peak_kept == [0.0, 2.0]
+    # Rank 1 runs F B F B: its second forward holds one activation set and two kept outputs (phase 2:
+    # accumulating, a loss still live); after its last backward the two outputs stay.
+    assert res.phases[1] == [(1.0, 1.0, 1.0), None, (1.0, 2.0, 1.0), (0.0, 2.0, 0.0)]
+    assert all(p is None or p[1] == 0.0 for p in res.phases[0])
     plain = simulate("1F1B", 2, 1, 2, [1.0, 1.0], [2.0, 2.0])
-    assert plain.peak_kept == [0.0, 0.0] and plain.peak_in_flight == res.peak_in_flight
+    assert all(p is None or p[1] == 0.0 for ph in plain.phases for p in ph)
+    assert plain.peak_in_flight == res.peak_in_flight
 
 
 def _layout(**kw) -> Layout:

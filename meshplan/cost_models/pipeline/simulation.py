@@ -40,9 +40,6 @@ class ScheduleResult:
     makespan: float = 0.0
     busy: list[float] = field(default_factory=list)
     peak_in_flight: list[float] = field(default_factory=list)  # activation units (one stage, one mb)
-    # Outputs kept until the step ends (see simulate's `kept`), in the same units, at the moment
-    # activations plus kept outputs peak; peak_in_flight is then the activations at that moment.
-    peak_kept: list[float] = field(default_factory=list)
     # Per rank and memory phase: (activations, kept outputs) at the peak of their sum in that phase,
     # and the most of the last stage's micro-batches whose loss graph was alive in it (an upper bound
     # when that happened at another moment); None for a phase the rank never entered. Phase 2j + d: j
@@ -82,31 +79,30 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     sched = build_schedule(schedule, pp, v, n_micro)
     st = State(sched, f, b, w, p2p, kept, held_limit, w_memory_share)
     result = ScheduleResult(schedule, pp, v, n_micro, busy=[0.0] * pp, peak_in_flight=[0.0] * pp,
-                            peak_kept=[0.0] * pp, phases=[[None] * (2 * len(ra.stages) + 2) for ra in sched.ranks])
+                            phases=[[None] * (2 * len(ra.stages) + 2) for ra in sched.ranks])
     pick = picker(sched, st, candidates_of(sched, st, *ready_times(sched, st)))
     return _run(sched, pick, actions(sched, st), _recorder(st, result, keep_blocks), result)
 
 
 @lru_cache(maxsize=8192)
 def simulate_cached(schedule: str, pp: int, v: int, m: int, f: tuple, b: tuple, w: tuple, p2p: float,
-                    held_limit: tuple | None = None) -> tuple[float, tuple, tuple, bool, tuple]:
-    """(makespan, busy, in flight, whether a rank passed held_limit and the simulation stopped,
-    the memory phases of ScheduleResult.phases)."""
+                    held_limit: tuple | None = None) -> tuple[float, tuple, bool, tuple]:
+    """(makespan, busy, whether a rank passed held_limit and the simulation stopped, the memory phases
+    of ScheduleResult.phases)."""
     res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p, keep_blocks=False,
                    held_limit=list(held_limit) if held_limit else None)
-    return res.makespan, tuple(res.busy), tuple(res.peak_in_flight), res.exceeded, tuple(map(tuple, res.phases))
+    return res.makespan, tuple(res.busy), res.exceeded, tuple(map(tuple, res.phases))
 
 
 def _recorder(st: State, result: ScheduleResult, keep_blocks: bool) -> Callable:
     """record(r, s, mb, kind, start, end): book a finished block on its rank and in the result."""
     held, kept_by, free, last_kind, phase, losses = st.held, st.kept_by, st.free, st.last_kind, st.phase, st.losses
-    busy, peak, peak_kept, blocks, phases = (result.busy, result.peak_in_flight, result.peak_kept, result.blocks,
-                                             result.phases)
+    busy, peak, blocks, phases = result.busy, result.peak_in_flight, result.blocks, result.phases
 
     def record(r: int, s: int, mb: int, kind: str, start: float, end: float) -> None:
         load = held[r] + kept_by[r]
-        if load > peak[r] + peak_kept[r]:
-            peak[r], peak_kept[r] = held[r], kept_by[r]
+        if held[r] > peak[r]:
+            peak[r] = held[r]
         ph, j = phases[r], phase[r]
         got = ph[j]
         if got is None or load > got[0] + got[1]:
