@@ -152,10 +152,20 @@ def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
     return lay.tokens_per_micro * (per_layer * sp.layers / lay.v + lay.hidden_bytes_per_token)
 
 
+def logit_count(lay: Layout) -> float:
+    """One micro-batch's logits on one rank: vocab sharded by loss parallel under TP."""
+    return lay.tokens_per_micro * lay.spec.vocab_size / lay.tp
+
+
+def head_input_bytes(lay: Layout) -> float:
+    """The final norm's output the head matmul saves for its backward, one micro-batch."""
+    return lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
+
+
 def logits_bytes(lay: Layout) -> float:
     """One micro-batch's logits as the last stage returns them: in the compute dtype (the fp32
-    upcast happens inside the loss), vocab sharded by loss parallel under TP."""
-    return lay.tokens_per_micro * lay.spec.vocab_size / lay.tp * lay.act_bytes
+    upcast happens inside the loss)."""
+    return logit_count(lay) * lay.act_bytes
 
 
 def kept_output_units(lay: Layout) -> list[float]:
@@ -199,7 +209,9 @@ def passed_phases(lay: Layout) -> tuple:
     done (one set held, nothing accumulated) and its last backward done (every accumulator, nothing
     held, no loss left); with one stage per rank and two or more micro-batches, also one set held with
     every accumulator and a loss still to run (after its first backward either a forward follows, or
-    all forwards came first and the other micro-batches are still held)."""
+    all forwards came first and the other micro-batches are still held). Unpipelined: its one state."""
+    if lay.pp == 1:
+        return ONE_RANK_PHASES[0]
     n = 2 * lay.v + 2
     phases: list = [None] * n
     phases[0], phases[n - 1] = (1.0, 0.0, 1.0), (0.0, 0.0, 0.0)
@@ -242,9 +254,8 @@ def loss_saved_bytes(lay: Layout) -> float:
     """What one micro-batch's loss keeps from its forward to its backward on the last pipeline stage:
     the logits (the stage output the schedule caches for the backward), the log-softmax result the
     cross-entropy saves (fp32), and the final norm output the head matmul saved."""
-    elems = lay.tokens_per_micro * lay.spec.vocab_size / lay.tp
     per = lay.act_bytes + 4.0 if lay.act_bytes < 4 else 8.0
-    return elems * per + lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
+    return logit_count(lay) * per + head_input_bytes(lay)
 
 
 def loss_buffer_bytes(lay: Layout) -> float:
@@ -253,14 +264,13 @@ def loss_buffer_bytes(lay: Layout) -> float:
     Compute-dtype logits, their fp32 upcast, the saved log-softmax and its fp32 gradient; in fp32
     runs the upcast is the logits themselves. Also the final norm output the head matmul saved.
     """
-    elems = lay.tokens_per_micro * lay.spec.vocab_size / lay.tp
     per = (lay.act_bytes + 12.0) if lay.act_bytes < 4 else 12.0
     if lay.tp > 1:
         # Loss parallel's log-softmax is built from DTensor ops (amax, x - max, exp, sum, log): its
         # backward holds the fp32 result, the incoming gradient, exp(result) and the input
         # gradient at once, ~18-20 bytes per logit with the compute-dtype logits, vs ~14 fused.
         per += 6.0
-    return elems * per + lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
+    return logit_count(lay) * per + head_input_bytes(lay)
 
 
 def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:

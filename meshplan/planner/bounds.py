@@ -12,7 +12,7 @@ from meshplan.cost_models.estimate import (StageDurations, StepParts, block_key,
                                            stage_durations, stage_inputs, step_parts)
 from meshplan.cost_models.host import pipeline_action_s
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.memory import GIB, ONE_RANK_PHASES, STATE_BYTES, passed_phases, peak_rank_memory
+from meshplan.cost_models.memory import GIB, STATE_BYTES, passed_phases, peak_rank_memory
 from meshplan.cost_models.pipeline import makespan_lower_bound
 from meshplan.planner.space import Mesh
 from meshplan.profiles.schema import ClusterProfile
@@ -39,7 +39,7 @@ class Bounds:
         rank passes through (memory.passed_phases).
         Stops at the first rank under the usable memory: the bound then fits, whatever the rest say."""
         lightest = float("inf")
-        phases = passed_phases(lay) if lay.pp > 1 else ONE_RANK_PHASES[0]
+        phases = passed_phases(lay)
         for r in dict.fromkeys((min(1, lay.pp - 1), lay.pp - 1, 0)):  # middle ranks are usually lightest
             lightest = min(lightest, peak_rank_memory(lay, r, phases, self.prof.overheads).total / GIB)
             if lightest <= self.usable:

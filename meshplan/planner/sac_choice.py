@@ -106,10 +106,10 @@ def _phases(lay: Layout, optimistic: bool) -> tuple:
     """Memory phases (pipeline ScheduleResult.phases) to price a subset at before any simulation.
     Optimistic: only states every rank passes through (memory.passed_phases), so no faster subset can
     fit. Else each rank at its schedule's in-flight limit with every accumulator."""
+    if optimistic:
+        return (passed_phases(lay),) * lay.pp
     if lay.pp == 1:
         return ONE_RANK_PHASES
     n = 2 * lay.v + 2
-    if optimistic:
-        return (passed_phases(lay),) * lay.pp
     return tuple((None,) * (n - 2) + ((float(in_flight_limit(lay.schedule, lay.pp, lay.v, r, lay.n_micro)), 0.0, 1.0),
                                        None) for r in range(lay.pp))
