@@ -25,7 +25,23 @@ def matmul_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> f
     peak = device.peak_tflops[dtype]
     frac = device.matmul.max_fraction.get(dtype, device.matmul.max_fraction.get("bf16", 0.7))
     h = device.matmul.half_dim
-    return sustained * peak * frac * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+    compute_bound = sustained * peak * frac * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+    return min(compute_bound, _memory_bound_tflops(device, m, n, k, dtype))
+
+
+# Bytes per element a matmul reads and writes; float8 matmuls (torch._scaled_mm) write bf16.
+_OPERAND_BYTES = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0}
+_OUTPUT_BYTES = {"fp8": 2.0}
+
+
+def _memory_bound_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> float:
+    """The roofline's memory side: 2mnk FLOPs over the time to read both operands and write the
+    output once at the device's achievable HBM bandwidth (NVIDIA, Matrix Multiplication Background
+    User's Guide, 'Math and Memory Bounds'). It binds only for thin matmuls whose arithmetic
+    intensity is below the device's FLOP:byte ratio."""
+    operand = _OPERAND_BYTES.get(dtype, 2.0)
+    nbytes = operand * (m * k + k * n) + _OUTPUT_BYTES.get(dtype, operand) * m * n
+    return 2.0 * m * n * k / (memory_bound_time(device, nbytes) * 1e12)
 
 
 @lru_cache(maxsize=256)

@@ -112,10 +112,12 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("device.matmul.half_dim", *_matmul("half_dim"), 0.0,
                     "dimension at which a matmul reaches half its shape-free rate, per dimension (m/(m+h) x "
                     "n/(n+h) x k/(k+h)), used where a profile has no measured points; profile-cluster fits it "
-                    "from its own points; the GPU built-ins' 64-128 are unsourced (data/published has no "
-                    "matmul shape sweep). Fitted with the others by validate --cross (tried 2026-11-25) it "
-                    "comes out A100 56 (56-85 leaving one table out), 500 W H100 0 (0-28), out-of-sample "
-                    "step MAPE 4.5 % against 4.2 % without: the published rows hardly constrain it",
+                    "from its own points. The GPU built-ins carry 0: MAMF's brute-force searches found their best "
+                    "shapes with a dimension of only 1024-3072 (hw_measured_max_matmul_tflops_mamf.csv), so no "
+                    "smooth fall-off is measurable above that, and thin matmuls are priced by the roofline's "
+                    "memory bound (compute.py) and the per-op host cost instead. Fitted free on the training rows "
+                    "(2026-11-25) it came out A100 56 (56-85 leaving one table out), 500 W H100 0 (0-28), and "
+                    "scored worse out of sample (step MAPE 4.5 %) than 0 (3.9 %)",
                     bounds=(0.0, 512.0)),
     ProfileConstant("device.memory_bound_efficiency", *_device("memory_bound_efficiency"), 1.0,
                     "share of datasheet HBM bandwidth an eager elementwise kernel reaches (STREAM-like copy "
