@@ -1,6 +1,8 @@
 """The constants registry, the 1-D fit, the sustained fraction and the error band."""
 
+import csv
 from dataclasses import replace
+from importlib import resources
 
 import pytest
 
@@ -10,7 +12,7 @@ from meshplan.cost_models.compute import matmul_tflops
 from meshplan.cost_models.crossval import _golden
 from meshplan.cost_models.estimate import estimate_plan
 from meshplan.cost_models.published import torchtitan_rows
-from meshplan.profiles.registry import load_profile
+from meshplan.profiles.registry import builtin_names, load_profile
 
 
 def test_golden_section_finds_a_hand_known_minimum():
@@ -88,3 +90,15 @@ def test_saved_out_of_sample_errors_are_those_of_the_current_model():
     for old, new in zip(saved["rows"], fresh["rows"]):
         assert old["oos_step_error"] == pytest.approx(new["oos_step_error"], abs=1e-4), old["label"]
         assert old["published_mfu"] == pytest.approx(new["published_mfu"], rel=1e-4), old["label"]
+
+
+def test_every_gpu_profile_ships_the_sustained_fraction_its_record_gives():
+    """No GPU built-in prices matmuls at the raw best-shape burst (MAMF): each carries the factor that
+    data/validation/sustained_fraction.csv records as fitted or transferred."""
+    with resources.files("meshplan.data.validation").joinpath("sustained_fraction.csv").open() as f:
+        record = {r["profile"]: float(r["sustained_fraction"]) for r in csv.DictReader(f)}
+    gpus = [n for n in builtin_names() if load_profile(n).device.peak_tflops.get("bf16", 0) > 100]
+    assert len(gpus) == 5
+    for name in gpus:
+        assert load_profile(name).device.sustained_fraction == pytest.approx(record[name]), name
+        assert record[name] < 1.0
