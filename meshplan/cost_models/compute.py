@@ -8,6 +8,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.cost_models.layout import DTYPE_BYTES
 from meshplan.profiles.schema import ClusterProfile, Device
 
 
@@ -29,9 +30,8 @@ def matmul_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> f
     return min(compute_bound, _memory_bound_tflops(device, m, n, k, dtype))
 
 
-# Bytes per element a matmul reads and writes; float8 matmuls (torch._scaled_mm) write bf16.
-_OPERAND_BYTES = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0}
-_OUTPUT_BYTES = {"fp8": 2.0}
+# float8 matmuls (torch._scaled_mm) write their output in bf16; the others in their own dtype.
+_OUTPUT_DTYPE = {"fp8": "bf16"}
 
 
 def _memory_bound_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> float:
@@ -39,8 +39,7 @@ def _memory_bound_tflops(device: Device, m: float, n: float, k: float, dtype: st
     output once at the device's achievable HBM bandwidth (NVIDIA, Matrix Multiplication Background
     User's Guide, 'Math and Memory Bounds'). It binds only for thin matmuls whose arithmetic
     intensity is below the device's FLOP:byte ratio."""
-    operand = _OPERAND_BYTES.get(dtype, 2.0)
-    nbytes = operand * (m * k + k * n) + _OUTPUT_BYTES.get(dtype, operand) * m * n
+    nbytes = DTYPE_BYTES[dtype] * (m * k + k * n) + DTYPE_BYTES[_OUTPUT_DTYPE.get(dtype, dtype)] * m * n
     return 2.0 * m * n * k / (memory_bound_time(device, nbytes) * 1e12)
 
 

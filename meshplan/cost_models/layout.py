@@ -9,7 +9,8 @@ from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
 from meshplan.specs.rules import COMPOSITE, cp_attention_kind, cp_kv_repeated, profile_backend, rms_norm_kernel
 
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0}
+# Bytes per element of each compute dtype (tf32 is stored as fp32).
+DTYPE_BYTES = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0}
 
 
 @dataclass(frozen=True)
