@@ -14,7 +14,8 @@ from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
 from meshplan.cost_models.host import pipeline_action_s, pipeline_actions, step_host_time
 from meshplan.cost_models.layout import Layout, layout_of, runtime_paths
-from meshplan.cost_models.memory import GIB, ONE_RANK_PHASES, kept_output_units, peak_rank_memory, stage_params
+from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, kept_output_units, peak_rank_memory, stage_params,
+                                         weight_pass_share)
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
@@ -147,7 +148,8 @@ def pipeline_schedule(plan: Plan, profile: ClusterProfile, order: tuple[str, ...
     if lay.pp == 1:
         return None
     d = stage_durations(lay, profile, group_spans(lay, profile, plan_order(plan, order)))
-    return simulate(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p)
+    return simulate(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p,
+                    weight_pass_share(lay))
 
 
 def estimate_plan(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER,
@@ -240,11 +242,12 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     kept_units = tuple(kept_output_units(lay)) if lay.pp > 1 and lay.pp_keeps_outputs else None
     if kept_units:
         res = simulate(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p,
-                       keep_blocks=False, kept=list(kept_units))
+                       weight_pass_share(lay), keep_blocks=False, kept=list(kept_units))
         makespan, busy, phases = res.makespan, res.busy, res.phases
     elif lay.pp > 1:
         makespan, busy, _, phases = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(d.forward),
-                                                       tuple(d.backward), tuple(d.weight), d.p2p)
+                                                    tuple(d.backward), tuple(d.weight), d.p2p,
+                                                    w_memory_share=weight_pass_share(lay))
     else:
         makespan, busy, phases = parts.busy[0], parts.busy, ONE_RANK_PHASES
     step, crit, _, data_detail, optimizer = compose_step(lay, prof, parts, makespan)

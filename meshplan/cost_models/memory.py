@@ -15,6 +15,7 @@ from meshplan.cost_models.activations import (Convention, activation_bytes_per_t
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import Overheads
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
 
 GIB = 1024.0 ** 3
 # The memory phases (pipeline ScheduleResult.phases) of an unpipelined step: one activation set.
@@ -150,6 +151,21 @@ def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
     per_layer = activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
                                            lay.sac_ops, lay.act_bytes, _convention(lay))
     return lay.tokens_per_micro * (per_layer * sp.layers / lay.v + lay.hidden_bytes_per_token)
+
+
+def weight_pass_share(lay: Layout) -> float:
+    """Split-backward (zero-bubble) schedules: what a stage's activation set weighs from its input-gradient
+    pass to its weight pass, as a share of itself. PyTorch keeps the whole graph for the weight pass
+    (retain_graph) and adds the gradient at every weight's input node, which the weight pass starts
+    from (stage_backward_input's param_groups "intermediates"): the block's linear outputs (the
+    row-parallel ones at full width, before their reduce) and its two norms' outputs."""
+    if lay.schedule not in SPLIT_BACKWARD_SCHEDULES:
+        return 1.0
+    spec, tp = lay.spec, lay.tp
+    outputs = (spec.dim + 2 * spec.kv_dim + 2 * spec.ffn_dim) / tp + 2 * spec.dim + 2 * spec.dim / (tp if lay.sp else 1)
+    held = activation_bytes_per_token(spec, lay.seq_len, tp, lay.sp, lay.ac, lay.sac_ops, lay.act_bytes,
+                                      _convention(lay))
+    return 1.0 + outputs * lay.act_bytes / held
 
 
 def logit_count(lay: Layout) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from meshplan.cost_models.estimate import StageDurations, StepParts, compose_step, step_parts
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.memory import ONE_RANK_PHASES
+from meshplan.cost_models.memory import ONE_RANK_PHASES, weight_pass_share
 from meshplan.cost_models.pipeline import simulate_cached
 from meshplan.planner.bounds import Bounds
 from meshplan.planner.constraints import NO_FIT
@@ -121,8 +121,9 @@ class Scoring:
         def norm(xs):
             return tuple(round(x / unit, 2) for x in xs)
 
+        share = weight_pass_share(lay)
         key = (lay.schedule, lay.pp, lay.v, lay.n_micro, norm(d.forward), norm(d.backward), norm(d.weight),
-               round(d.p2p / unit, 2))
+               round(d.p2p / unit, 2), round(share, 2))
         got = self._sim_cache.get(key)
         if got is None:
             over = self._sim_over.get(key)  # limits a stopped simulation of these durations passed
@@ -130,7 +131,7 @@ class Scoring:
                 return None
             f, b, w = ([x * unit for x in key[i]] for i in (4, 5, 6))
             makespan, _, exceeded, phases = simulate_cached(lay.schedule, lay.pp, lay.v, lay.n_micro, tuple(f),
-                                                               tuple(b), tuple(w), key[7] * unit, held_limit)
+                                                            tuple(b), tuple(w), key[7] * unit, held_limit, key[8])
             self.pool.n_sim += 1
             if exceeded:
                 self.pool.n_stopped += 1

@@ -136,3 +136,19 @@ def test_gpipe_last_rank_holds_every_micro_batchs_loss_graph_by_hand():
     last = est.per_rank_memory_gib[1]
     tokens = 4096
     assert last["losses"] == pytest.approx(4 * (tokens * V * 6 + tokens * D * 2) / GIB, rel=1e-12)
+
+
+def test_zero_bubble_holds_the_weight_pass_inputs_from_b_to_w_by_hand():
+    from meshplan.cost_models.activations import activation_bytes_per_token
+    from meshplan.cost_models.memory import weight_pass_share
+
+    assert weight_pass_share(_layout()) == 1.0  # GPipe runs B and W together
+    lay = _layout(schedule="InterleavedZeroBubble", v=2, stage_layers=(4, 4, 4, 4), ac="none")
+    # Per token, on one rank without TP: the outputs of wq, wk, wv, wo, w1, w3, w2 and the two norms.
+    outputs = D + 2 * KV + D + 2 * F + D + 2 * D
+    held = activation_bytes_per_token(SPEC, 4096, 1, False, "none", None, 2.0)
+    assert weight_pass_share(lay) == pytest.approx(1 + outputs * 2.0 / held, rel=1e-12)
+    # The simulation holds 1 + that share of a set after a stage's B, until its W.
+    res = simulate("InterleavedZeroBubble", 2, 2, 2, [1.0] * 4, [1.0] * 4, [1.0] * 4, w_memory_share=1.5)
+    plain = simulate("InterleavedZeroBubble", 2, 2, 2, [1.0] * 4, [1.0] * 4, [1.0] * 4)
+    assert max(res.peak_in_flight) > max(plain.peak_in_flight)

@@ -26,18 +26,31 @@ def stage_rank(stage: int, pp: int, schedule: str) -> int:
     return stage % pp
 
 
+def rounds_size(pp: int, n_micro: int) -> int:
+    """Micro-batches per round of PyTorch's interleaved schedules: n_micro split into n_micro // pp
+    equal rounds (specs.rules.microbatch_reason refuses counts that do not split)."""
+    return n_micro // max(1, n_micro // pp)
+
+
 def in_flight_limit(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> int:
-    """How many (stage, micro-batch) activations a rank may hold before it must run a backward."""
+    """How many (stage, micro-batch) activation sets a rank may hold before it must free one: by its
+    backward, or under a split backward by its weight pass (the input-gradient pass keeps the graph).
+    The split-backward limits are the most PyTorch's own action lists (`pipeline_order`) ever hold."""
     total = n_micro * v
     if schedule in FORWARD_FIRST:
         return total
     if schedule == "1F1B":
         return min(pp - rank, total)
-    if schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
-        # Megatron's warm-up count plus the one forward of the steady 1F1B phase.
-        return min((pp - rank - 1) * 2 + (v - 1) * pp + 1, total)
+    per_round = rounds_size(pp, n_micro)
+    if schedule == "Interleaved1F1B":
+        # The warm-up (every chunk but the last of a round, plus two per later rank) and the one
+        # forward of the steady 1F1B phase.
+        return min((v - 1) * per_round + 2 * (pp - rank - 1) + 1, total)
+    if schedule == "InterleavedZeroBubble":
+        # ZB1P: every chunk but the last of a round, plus pp sets its weight passes have not freed.
+        return min((v - 1) * per_round + pp, total)
     if schedule == "ZBVZeroBubble":
-        return min(2 * pp, total)
+        return min(2 * pp, n_micro + 1 + rank, total)
     if schedule == "DualPipeV":
         return min(2 * pp + 1, total)
     raise ValueError(schedule)
@@ -56,12 +69,14 @@ def forward_order(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> li
 
 
 def _interleaved_forward_order(pp: int, v: int, n_micro: int, stages: list[int]) -> list[Action]:
-    """Megatron's interleaved order: pp micro-batches of one chunk, then the same of the next chunk."""
+    """Megatron's interleaved order as PyTorch runs it: a round of micro-batches (at least pp) through
+    one chunk, then the same round through the next chunk."""
+    per_round = rounds_size(pp, n_micro)
     order = []
     for k in range(n_micro * v):
-        group, within = divmod(k, pp * v)
-        chunk, offset = divmod(within, pp)
-        mb = group * pp + offset
+        group, within = divmod(k, per_round * v)
+        chunk, offset = divmod(within, per_round)
+        mb = group * per_round + offset
         if mb < n_micro:
             order.append((stages[chunk], mb))
     seen = set(order)

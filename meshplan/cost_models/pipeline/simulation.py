@@ -68,7 +68,8 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     f, b, w: per-stage durations of forward, backward-input and backward-weight (w is folded into b
     for schedules that do not split). p2p: activation send time between stages on different ranks.
     w_memory_share: share of a stage's activations still held after B until its W runs. PyTorch's
-    stages compute input gradients with retain_graph=True, so the whole set stays until W (1.0).
+    stages compute input gradients with retain_graph=True, so the whole set stays until W, with the
+    gradients the weight pass starts from on top (memory.weight_pass_share: above 1.0).
     keep_blocks=False leaves `blocks` empty (makespan, busy and in-flight are still exact).
     kept: per stage, activation units each forward leaves held until the step ends (a schedule that
     returns every micro-batch's output); the peak is then that of activations plus these.
@@ -86,10 +87,10 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
 
 @lru_cache(maxsize=8192)
 def simulate_cached(schedule: str, pp: int, v: int, m: int, f: tuple, b: tuple, w: tuple, p2p: float,
-                    held_limit: tuple | None = None) -> tuple[float, tuple, bool, tuple]:
+                    held_limit: tuple | None = None, w_memory_share: float = 1.0) -> tuple[float, tuple, bool, tuple]:
     """(makespan, busy, whether a rank passed held_limit and the simulation stopped, the memory phases
     of ScheduleResult.phases)."""
-    res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p, keep_blocks=False,
+    res = simulate(schedule, pp, v, m, list(f), list(b), list(w), p2p, w_memory_share, keep_blocks=False,
                    held_limit=list(held_limit) if held_limit else None)
     return res.makespan, tuple(res.busy), res.exceeded, tuple(map(tuple, res.phases))
 

@@ -95,7 +95,7 @@ def _fixed_order_candidates(sched: Schedule, st: State, f_ready: Callable, b_rea
     """The next forward and backward in the rank's fixed orders."""
     pp, n_micro = sched.pp, sched.n_micro
     orders, b_orders, limits = ([getattr(ra, k) for ra in sched.ranks] for k in ("forwards", "backwards", "limit"))
-    n_held, pending_f, pending_w, b_done = st.n_held, st.pending_f, st.pending_w, st.b_done
+    n_held, pending_f, pending_w = st.n_held, st.pending_f, st.pending_w
     next_f, next_b = st.next_f, st.next_b
 
     def candidates(r: int) -> list[Candidate]:
@@ -112,10 +112,7 @@ def _fixed_order_candidates(sched: Schedule, st: State, f_ready: Callable, b_rea
             if t is not None:
                 out.append((t, 0, mb, -s, "B"))
         if pending_w[r]:
-            # Weight gradients run oldest first; past `pp` waiting they outrank forwards, which
-            # bounds the activations they pin.
-            s, mb = pending_w[r][0]
-            out.append((b_done[s * n_micro + mb], 2 if len(pending_w[r]) <= pp else -1, mb, s, "W"))
+            out.append(_oldest_weight(st, r, pp, n_micro, limits[r]))
         return out
 
     return candidates
@@ -125,8 +122,8 @@ def _greedy_candidates(sched: Schedule, st: State, f_ready: Callable, b_ready: C
     """Each of the rank's stages offers its next micro-batch, forwards within the ZB-V warm-up window."""
     pp, n_micro = sched.pp, sched.n_micro
     local_stages, limits = [ra.stages for ra in sched.ranks], [ra.limit for ra in sched.ranks]
-    n_held, pending_f, pending_w, b_done, next_f_mb, next_b_mb = (st.n_held, st.pending_f, st.pending_w, st.b_done,
-                                                                  st.next_f_mb, st.next_b_mb)
+    n_held, pending_f, pending_w, next_f_mb, next_b_mb = (st.n_held, st.pending_f, st.pending_w, st.next_f_mb,
+                                                          st.next_b_mb)
 
     def v_window_ok(r: int, s: int) -> bool:
         """ZB-V warm-up: a rank's first chunk runs at most 2(pp - r) - 1 micro-batches ahead of its second."""
@@ -148,12 +145,20 @@ def _greedy_candidates(sched: Schedule, st: State, f_ready: Callable, b_ready: C
                 t = b_ready(s, mb)
                 if t is not None:
                     out.append((t, 0, mb, -s, "B"))
-        if pending_w[r]:  # as in _fixed_order_candidates
-            s, mb = pending_w[r][0]
-            out.append((b_done[s * n_micro + mb], 2 if len(pending_w[r]) <= pp else -1, mb, s, "W"))
+        if pending_w[r]:
+            out.append(_oldest_weight(st, r, pp, n_micro, limits[r]))
         return out
 
     return candidates
+
+
+def _oldest_weight(st: State, r: int, pp: int, n_micro: int, limit: int) -> Candidate:
+    """Rank r's oldest waiting weight gradient. It fills idle time, but outranks everything once more
+    than `pp` wait or once the rank holds its limit of activation sets: under a split backward a set
+    is freed only by its weight pass, and PyTorch's zero-bubble orders free one before the next forward."""
+    s, mb = st.pending_w[r][0]
+    urgent = len(st.pending_w[r]) > pp or st.n_held[r] >= limit
+    return st.b_done[s * n_micro + mb], -1 if urgent else 2, mb, s, "W"
 
 
 def picker(sched: Schedule, st: State, candidates: list[Callable]) -> Callable:
@@ -234,11 +239,11 @@ def _backward_action(sched: Schedule, st: State) -> Callable:
         next_b_mb[s] += 1
         end = start + b_eff[s]
         b_done[s * n_micro + mb] = end
-        n_held[r] -= 1
         if split:
             held[r] -= 1.0 - share  # the rest stays until the weight gradient
             pending_w[r].append((s, mb))
         else:
+            n_held[r] -= 1
             held[r] -= 1.0
             grads_done(r, s)
         return s, mb, end, rank_of[s - 1] if s > 0 else -1  # readies the previous stage's backward
@@ -247,12 +252,13 @@ def _backward_action(sched: Schedule, st: State) -> Callable:
 
 
 def _weight_action(sched: Schedule, st: State) -> Callable:
-    w, share, held, pending_w = st.w, st.w_memory_share, st.held, st.pending_w
+    w, share, held, n_held, pending_w = st.w, st.w_memory_share, st.held, st.n_held, st.pending_w
     grads_done = _gradient_bookkeeping(sched, st)
 
     def weight(r: int, start: float, cand: Candidate) -> tuple:
         s, mb = cand[3], cand[2]
         pending_w[r].popleft()
+        n_held[r] -= 1  # the input-gradient pass kept the graph: the set is freed here
         held[r] -= share
         grads_done(r, s)
         return s, mb, start + w[s], -1
