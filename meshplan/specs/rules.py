@@ -187,6 +187,12 @@ def tied_embeddings_reason(tied: bool, tp: int, pp: int) -> str | None:
 MICROBATCHES = "micro-batch count not accepted by the pipeline schedule"
 
 
+def microbatch_rounds(pp: int, n_micro: int) -> int:
+    """How many rounds PyTorch's interleaved schedules split the micro-batches into: n_micro // pp,
+    at least one."""
+    return max(1, n_micro // pp)
+
+
 def microbatch_reason(schedule: str, pp: int, v: int, n_micro: int) -> str | None:
     """PyTorch's pipelining rules (torch.distributed.pipelining.schedules): interleaved schedules
     run whole rounds of min(n_micro, pp) micro-batches; V-shaped ones need at least one micro-batch
@@ -197,8 +203,7 @@ def microbatch_reason(schedule: str, pp: int, v: int, n_micro: int) -> str | Non
     if pp == 1:
         return None
     if schedule in ("Interleaved1F1B", "InterleavedZeroBubble", "LoopedBFS") and v > 1:
-        rounds = max(1, n_micro // pp)
-        if n_micro % rounds:
+        if n_micro % microbatch_rounds(pp, n_micro):
             return MICROBATCHES
     if schedule in V_SHAPED_SCHEDULES and n_micro < pp * v:
         return MICROBATCHES

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES as SPLIT_BACKWARD
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES as SPLIT_BACKWARD, microbatch_rounds
 
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 FORWARD_FIRST = ("GPipe", "LoopedBFS")
@@ -27,9 +27,9 @@ def stage_rank(stage: int, pp: int, schedule: str) -> int:
 
 
 def rounds_size(pp: int, n_micro: int) -> int:
-    """Micro-batches per round of PyTorch's interleaved schedules: n_micro split into n_micro // pp
-    equal rounds (specs.rules.microbatch_reason refuses counts that do not split)."""
-    return n_micro // max(1, n_micro // pp)
+    """Micro-batches per round of PyTorch's interleaved schedules (specs.rules.microbatch_reason
+    refuses counts that do not split into equal rounds)."""
+    return n_micro // microbatch_rounds(pp, n_micro)
 
 
 def in_flight_limit(schedule: str, pp: int, v: int, rank: int, n_micro: int) -> int:
