@@ -17,7 +17,7 @@ from meshplan.planner.pool import Pool
 from meshplan.planner.space import SAC_ILP, Mesh, Space
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import SAC_OPS
-from meshplan.specs.rules import COMPILE_TP_NO_AC
+from meshplan.specs.rules import COMPILE_UNTRACEABLE
 
 
 class Pruning:
@@ -73,9 +73,9 @@ class Pruning:
                 pool.reject(SP_SEQ, per_sp)
                 continue
             for (ac, sac), f8, reshard in itertools.product(s.ac_options(), s.float8_options(), s.reshard_options(m)):
-                compiles = s.runnable_compiles(m.tp, ac)
+                compiles = s.runnable_compiles(m.tp, m.cp, ac)
                 kept = len(compiles) * len(s.async_options(m.tp))
-                pool.reject(COMPILE_TP_NO_AC, n_sched * (variants - kept))
+                pool.reject(COMPILE_UNTRACEABLE, n_sched * (variants - kept))
                 if not compiles:
                     continue
                 # The class's layout takes the fastest variant the rules leave (compile when it may).

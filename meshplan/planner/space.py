@@ -28,7 +28,7 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
-from meshplan.specs.rules import async_tp_reason, compile_tp_reason, profile_backend, tied_embeddings_reason
+from meshplan.specs.rules import async_tp_reason, compile_reason, profile_backend, tied_embeddings_reason
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
 SAC_ILP = "ilp"  # selective AC with the op kinds the SAC ILP chooses under the memory budget
@@ -218,7 +218,7 @@ class Space:
         return self._opts("compile", self.plan.compile, [False, True])
 
     @memoized
-    def runnable_compiles(self, tp: int, ac: str) -> list[bool]:
-        """compile_options() less what the runtime cannot run with this TP degree and AC (specs/rules.py)."""
+    def runnable_compiles(self, tp: int, cp: int, ac: str) -> list[bool]:
+        """compile_options() less what the runtime cannot run compiled with these degrees and AC (specs/rules.py)."""
         backend = profile_backend(self.profile.provenance)
-        return [c for c in self.compile_options() if compile_tp_reason(c, tp, ac, backend) is None]
+        return [c for c in self.compile_options() if compile_reason(c, tp, cp, ac, backend) is None]

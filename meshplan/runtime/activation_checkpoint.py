@@ -2,14 +2,22 @@
 
 full: a block keeps only its input; everything inside is recomputed in backward.
 selective: torch.utils.checkpoint with a selective policy: the outputs of the compute ops (matmuls,
-attention) inside the op kinds listed in `memory.sac_ops` are saved, everything else (norms,
-activations functions, RoPE, the other matmuls) is recomputed. Op kinds are tagged by the model
-(`sac_region`), see sac_regions.py.
+attention) of the op kinds listed in `memory.sac_ops` are saved, everything else (norms,
+activation functions, RoPE, the other matmuls) is recomputed.
+
+How the policy knows a matmul's op kind: it counts the linears' matmuls it is shown, in its own
+context (one count for the forward, one for the recomputation, fresh for every checkpointed call),
+and reads the kind from the block's `matmul_kinds()`, the order its forward runs them in. Attention
+kernels are their own kind. Nothing outside the policy changes state inside the checkpointed
+forward, so torch.compile traces the block into one graph (Dynamo refuses side effects inside its
+checkpoint operator: an earlier tag set by the model's forward made every compiled block run eager).
+This is how TorchTitan's op-level SAC tells every other matmul apart.
 """
 
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import torch
 from torch import nn
@@ -17,15 +25,17 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from meshplan.runtime.model import Transformer
-from meshplan.runtime.sac_regions import current_region
 from meshplan.specs.plan import DEFAULT_SAC_OPS
 
 
 _aten = torch.ops.aten
-# The ops whose outputs are "the activation of an op kind": matmuls (with or without bias), and
-# the attention kernels SDPA may dispatch to (flash/efficient/math, CPU and CUDA).
-COMPUTE_OPS = {
-    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten._scaled_mm.default,
+# A linear's matmul (with or without bias; float8 linears reach the policy as aten.mm on their
+# float8 tensors).
+LINEAR_OPS = {_aten.mm.default, _aten.addmm.default, _aten._scaled_mm.default}
+# The attention kernels SDPA may dispatch to (flash/efficient/cudnn/math, CPU and CUDA), and the
+# batched matmuls of attention written out (SDPA's math path, context parallelism's gather path).
+ATTENTION_OPS = {
+    _aten.bmm.default,
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
     _aten._scaled_dot_product_efficient_attention.default,
@@ -34,15 +44,37 @@ COMPUTE_OPS = {
 }
 
 
-def sac_policy(saved: frozenset[str]):
-    """A selective-checkpoint policy saving compute-op outputs inside the `saved` op kinds."""
+def op_kind(op, matmul_index: int, kinds: tuple[str, ...]) -> str | None:
+    """The op kind of `op`, the matmul_index-th linear matmul of the block when it is one; None
+    for ops that are no compute op (always recomputed)."""
+    if op in ATTENTION_OPS:
+        return "attention"
+    if op in LINEAR_OPS:
+        if matmul_index >= len(kinds):
+            raise RuntimeError(f"selective AC saw more linear matmuls than the block's {len(kinds)} "
+                               f"({', '.join(kinds)}): matmul_kinds() no longer matches its forward")
+        return kinds[matmul_index]
+    return None
 
-    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-        if op in COMPUTE_OPS and current_region() in saved:
-            return CheckpointPolicy.MUST_SAVE
-        return CheckpointPolicy.PREFER_RECOMPUTE
 
-    return policy
+def sac_context_fn(kinds: tuple[str, ...], saved: frozenset[str]) -> Callable[[], tuple]:
+    """checkpoint's context_fn for one block: a selective policy saving the compute-op outputs of
+    the `saved` op kinds, its matmul counts living in the contexts it returns."""
+
+    def context_fn():
+        counts = {False: 0, True: 0}  # linear matmuls seen, by ctx.is_recompute
+
+        def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+            index = counts[ctx.is_recompute]
+            kind = op_kind(op, index, kinds)
+            if op in LINEAR_OPS:
+                counts[ctx.is_recompute] = index + 1
+            return CheckpointPolicy.MUST_SAVE if kind in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    context_fn.saved_kinds = saved  # what the plan asked for, readable without running it
+    return context_fn
 
 
 def apply_ac(model: Transformer, mode: str, sac_ops: list[str] | None) -> None:
@@ -50,16 +82,15 @@ def apply_ac(model: Transformer, mode: str, sac_ops: list[str] | None) -> None:
     model.canonical_fqn and DCP's state-dict helpers strip it)."""
     if mode == "none":
         return
-    if mode == "full":
-        wrap = partial(checkpoint_wrapper, preserve_rng_state=False)
-    elif mode == "selective":
-        saved = frozenset(DEFAULT_SAC_OPS if sac_ops is None else sac_ops)
-        wrap = partial(checkpoint_wrapper, preserve_rng_state=False,
-                       context_fn=partial(create_selective_checkpoint_contexts, sac_policy(saved)))
-    else:
+    if mode not in ("full", "selective"):
         raise ValueError(f"unknown activation checkpointing mode {mode!r}")
+    saved = frozenset(DEFAULT_SAC_OPS if sac_ops is None else sac_ops)
     for key in list(model.layers.keys()):
-        model.layers[key] = wrap(model.layers[key])
+        block = model.layers[key]
+        wrap = partial(checkpoint_wrapper, preserve_rng_state=False)
+        if mode == "selective":
+            wrap = partial(wrap, context_fn=sac_context_fn(block.matmul_kinds(), saved))
+        model.layers[key] = wrap(block)
 
 
 def block_module(module: nn.Module) -> nn.Module:

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshplan.runtime.sac_regions import sac_region
 from meshplan.specs.model import ModelSpec
 
 INIT_STD = 0.02
@@ -68,10 +67,14 @@ class Attention(nn.Module):
         # Set by context parallelism: fn(q, k, v) -> out over the CP group (None = local causal SDPA).
         self.cp_attention = None
 
+    def matmul_kinds(self) -> tuple[str, ...]:
+        """The op kind (specs.plan.SAC_OPS) of each linear's matmul, in the order forward runs them;
+        the attention kernel itself is the "attention" kind (activation_checkpoint.py)."""
+        return ("qkv", "qkv", "qkv", "attn_out")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bs, seqlen, _ = x.shape
-        with sac_region("qkv"):
-            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        q, k, v = self.wq(x), self.wk(x), self.wv(x)
         # -1 heads: under tensor parallelism this rank holds n_heads/tp (and n_kv_heads/tp) heads.
         q = q.view(bs, seqlen, -1, self.head_dim)
         k = k.view(bs, seqlen, -1, self.head_dim)
@@ -80,14 +83,12 @@ class Attention(nn.Module):
             positions = self.seq_layout.positions(seqlen, x.device)
             q, k = rope(q, positions, self.rope_theta), rope(k, positions, self.rope_theta)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        with sac_region("attention"):
-            if self.cp_attention is not None:
-                out = self.cp_attention(q, k, v)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        if self.cp_attention is not None:
+            out = self.cp_attention(q, k, v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         out = out.transpose(1, 2).reshape(bs, seqlen, -1)
-        with sac_region("attn_out"):
-            return self.wo(out)
+        return self.wo(out)
 
 
 class FeedForward(nn.Module):
@@ -101,15 +102,17 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(spec.dim, spec.ffn_dim, bias=False) if self.gated else None
         self.w2 = nn.Linear(spec.ffn_dim, spec.dim, bias=bias)
 
+    def matmul_kinds(self) -> tuple[str, ...]:
+        """The op kind of each linear's matmul, in the order forward runs them."""
+        return ("ffn_in", "ffn_in", "ffn_out") if self.gated else ("ffn_in", "ffn_out")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with sac_region("ffn_in"):
-            if self.gated:
-                a, b = self.w1(x), self.w3(x)
-            else:
-                a = self.w1(x)
+        if self.gated:
+            a, b = self.w1(x), self.w3(x)
+        else:
+            a = self.w1(x)
         h = F.silu(a) * b if self.gated else F.gelu(a)
-        with sac_region("ffn_out"):
-            return self.w2(h)
+        return self.w2(h)
 
 
 def make_norm(spec: ModelSpec) -> nn.Module:
@@ -125,6 +128,11 @@ class TransformerBlock(nn.Module):
         self.attention = Attention(spec)
         self.ffn_norm = make_norm(spec)
         self.feed_forward = FeedForward(spec)
+
+    def matmul_kinds(self) -> tuple[str, ...]:
+        """The op kind of every linear's matmul of one forward, in order: what selective AC reads to
+        tell which matmul it is looking at (activation_checkpoint.py)."""
+        return self.attention.matmul_kinds() + self.feed_forward.matmul_kinds()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x))

@@ -101,30 +101,42 @@ def unsupported_fields(plan: Plan, backend: str) -> list[tuple[str, str]]:
     why = float8_tp_reason(bool(plan.memory.float8), int(p.tp), backend)
     if why:
         out.append(("memory.float8", why))
-    why = compile_tp_reason(bool(plan.compile), int(p.tp), str(plan.memory.activation_checkpointing), backend)
+    why = compile_reason(bool(plan.compile), int(p.tp), int(p.cp), str(plan.memory.activation_checkpointing), backend)
     if why:
         out.append(("compile", why))
     return out
 
 
-COMPILE_TP_NO_AC = "compiled TP blocks with activation_checkpointing none on gloo"
+COMPILE_UNTRACEABLE = "compiled TP or CP blocks on gloo"
 
 
-def compile_tp_reason(compile_: bool, tp: int, ac: str, backend: str) -> str | None:
-    """Why compiled TP blocks without AC cannot run here, or None. On torch 2.13 CPU/gloo their
-    backward fails inside DTensor ("'Tensor' object has no attribute '_local_tensor'"), while the
-    same blocks under full or selective AC train (knob matrix); not seen on CUDA, where it is not
-    refused."""
-    if compile_ and tp > 1 and ac == "none" and backend == GLOO:
-        return "with tp > 1 and activation_checkpointing none fails in DTensor's backward on gloo; use AC or compile: false"
+def compile_reason(compile_: bool, tp: int, cp: int, ac: str, backend: str) -> str | None:
+    """Why blocks of this layout cannot run compiled, or None. A compiled block must run as its
+    compiled graph or be refused: never eager while priced compiled. Measured on 2 gloo ranks
+    (torch 2.13, tiny-4l, tests/runtime/test_compile.py):
+    - TP blocks: with AC none their backward fails inside DTensor ("'Tensor' object has no attribute
+      '_local_tensor'"), with SP and selective AC likewise, and with full AC AOTAutograd saves the
+      DeviceMesh for backward as if it were a tensor ("expected all tensors_saved_with_vc_check to
+      be Tensors"). On CUDA these are not seen, so it is not refused there.
+    - CP blocks: the gather path (gloo's, rules.cp_attention_kind) loops over tiles with gloo
+      collectives inside an autograd.Function, which Dynamo does not trace: the block would fall
+      back to eager whole.
+    `ac` is kept in the signature because the failures above were each seen per AC mode."""
+    if not compile_ or backend != GLOO:
+        return None
+    if tp > 1:
+        return (f"with tp > 1 fails on gloo (DTensor's backward in compiled TP blocks, activation_checkpointing {ac}); "
+                "use compile: false")
+    if cp > 1 and cp_attention_kind(backend) == GATHER:
+        return "with cp > 1 on gloo: the gather path's attention does not trace, so blocks would run eager; use compile: false"
     return None
 
 
 def check_backend_rules(plan: Plan, backend: str) -> None:
     """One-line error for a complete plan the planner would not emit on `backend` (a profile's):
-    compiled TP blocks without AC on gloo, pruned from the search under COMPILE_TP_NO_AC."""
-    why = compile_tp_reason(bool(plan.compile), int(plan.parallel.tp), str(plan.memory.activation_checkpointing),
-                            backend)
+    compiled blocks that cannot compile there, pruned from the search under COMPILE_UNTRACEABLE."""
+    p = plan.parallel
+    why = compile_reason(bool(plan.compile), int(p.tp), int(p.cp), str(plan.memory.activation_checkpointing), backend)
     if why:
         raise InputError("compile", f"true cannot run on {backend}: {why}")
 

@@ -25,7 +25,7 @@ from meshplan.planner.placement import candidate_orders
 from meshplan.planner.stage_split import balanced_split
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS, Plan, plan_from_dict
-from meshplan.specs.rules import (ac_schedule_reason, async_tp_reason, compile_tp_reason, microbatch_reason,
+from meshplan.specs.rules import (ac_schedule_reason, async_tp_reason, compile_reason, microbatch_reason,
                                   profile_backend)
 
 SINGLE = ("GPipe", "1F1B")
@@ -177,7 +177,7 @@ def enumerate_space(plan: Plan, prof, global_batch: int, all_sac_subsets: bool =
                             scheds.append((s, v))
             for sp, at, (ac, sac), f8, rs, comp, (sched, v), order in itertools.product(
                     sps, asyncs, acs, f8s, reshards, compiles, scheds, orders):
-                if ac_schedule_reason(pp, sched, ac) or compile_tp_reason(comp, tp, ac, profile_backend(prof.provenance)):
+                if ac_schedule_reason(pp, sched, ac) or compile_reason(comp, tp, cp, ac, profile_backend(prof.provenance)):
                     continue
                 lay = probe.with_(micro_batch=mb, sp=sp and tp > 1, async_tp=at, ac=ac, sac_ops=sac, float8=f8,
                                   reshard_after_forward=rs, compile=comp, schedule=sched, v=v,

@@ -22,7 +22,7 @@ from meshplan.planner.search import search  # noqa: E402
 from meshplan.profiles.registry import load_profile  # noqa: E402
 from meshplan.runtime.options import check_runnable  # noqa: E402
 from meshplan.specs.plan import PP_SCHEDULES, plan_from_dict  # noqa: E402
-from meshplan.specs.rules import COMPILE_TP_NO_AC, SAC_SPLIT_BACKWARD, ac_schedule_reason  # noqa: E402
+from meshplan.specs.rules import COMPILE_UNTRACEABLE, SAC_SPLIT_BACKWARD, ac_schedule_reason  # noqa: E402
 
 # What ran on 2 gloo ranks (tiny-4l, pp 2, torch 2.13): every schedule with AC none and full; with
 # selective AC, the three schedules that run input and weight gradients as separate passes failed
@@ -117,28 +117,34 @@ def test_search_prunes_compiled_tp_without_ac_on_gloo():
     gloo = load_profile("cpu-gloo")
     res = search(make_plan("tiny-4l", 2, 128, 8, "cpu-gloo", TP2_NO_AC), gloo, top_k=50, jobs=1)
     n = res.counts()
-    assert COMPILE_TP_NO_AC in REASONS
-    assert (n["space"], n["rejected_by_reason"], n["accounted"]) == (16, {COMPILE_TP_NO_AC: 8}, 16)
+    assert COMPILE_UNTRACEABLE in REASONS
+    assert (n["space"], n["rejected_by_reason"], n["accounted"]) == (16, {COMPILE_UNTRACEABLE: 8}, 16)
     assert res.ranked and not any(c.layout.compile for c in res.ranked)
     pinned = search(make_plan("tiny-4l", 2, 128, 8, "cpu-gloo", TP2_NO_AC + ("compile=true",)), gloo, jobs=1)
-    assert pinned.best is None and pinned.counts()["rejected_by_reason"] == {COMPILE_TP_NO_AC: 8}
+    assert pinned.best is None and pinned.counts()["rejected_by_reason"] == {COMPILE_UNTRACEABLE: 8}
     twin = search(make_plan("tiny-4l", 2, 128, 8, "cpu-gloo", TP2_NO_AC), _nccl_twin(gloo), top_k=50, jobs=1)
     assert twin.best is not None and twin.best.layout.compile
-    assert COMPILE_TP_NO_AC not in twin.counts()["rejected_by_reason"]
+    assert COMPILE_UNTRACEABLE not in twin.counts()["rejected_by_reason"]
 
 
-@pytest.mark.parametrize("ac, code", [("none", 2), ("full", 0)])
-def test_estimate_refuses_compiled_tp_without_ac_on_gloo(tmp_path, capsys, ac, code):
+@pytest.mark.parametrize("ac, degrees, compile_, code", [
+    ("none", {"tp": 2}, True, 2), ("full", {"tp": 2}, True, 2), ("selective", {"tp": 2}, True, 2),
+    ("full", {"cp": 2}, True, 2), ("full", {"tp": 2}, False, 0), ("full", {"dp_shard": 2}, True, 0)])
+def test_estimate_refuses_compiled_tp_and_cp_on_gloo(tmp_path, capsys, ac, degrees, compile_, code):
+    """Compiled TP blocks fail on gloo under every AC mode, and CP's gather attention does not trace
+    (tests/runtime/test_compile.py measures both); the same layouts uncompiled, and compiled
+    blocks without TP or CP, are estimated."""
     import yaml
 
     d = _plan_dict("1F1B", ac)
-    d["parallel"].update(tp=2, pp=1, pp_virtual_stages=1)
-    d["compile"] = True
+    d["parallel"].update(pp=1, pp_virtual_stages=1, **degrees)
+    d["compile"] = compile_
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(d))
     assert cli.main(["estimate", "--plan", str(path)]) == code
     err = capsys.readouterr().err.strip()
     if code:
-        assert len(err.splitlines()) == 1 and "error: compile: true cannot run on gloo" in err and "DTensor's backward" in err, err
+        why = "DTensor's backward" if "tp" in degrees else "does not trace"
+        assert len(err.splitlines()) == 1 and "error: compile: true cannot run on gloo" in err and why in err, err
     else:
         assert err == ""

@@ -8,6 +8,10 @@ With "inspect", every training step runs under device_hygiene.DeviceHygiene and 
 the tensors meshplan's runtime made off the model's device ("device_violations"), the dtypes of
 every nn.Linear output during the steps ("compute_dtypes") and of the trained parameters after
 them ("master_dtypes").
+With "compile_check", Dynamo's counters are cleared before the case and the results carry its graph
+breaks and the frames it gave up on ("dynamo_breaks"), the graphs it built ("dynamo_graphs"), and how
+many compiled regions ran forward and backward in the last step, counted by the profiler
+("compiled_forward", "compiled_backward"): a block that falls back to eager runs none.
 """
 
 import contextlib
@@ -56,6 +60,38 @@ def inspected_steps(seen: dict[str, set]):
         Trainer.step = step
 
 
+@contextlib.contextmanager
+def compile_counted(result: dict, steps: int):
+    """Count Dynamo's graphs and breaks over the case, and the compiled regions of its last step."""
+    from collections import Counter
+
+    from torch._dynamo.utils import counters
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.reset()  # every case compiles its own blocks, as a fresh run would
+    counters.clear()
+    step = Trainer.step
+    events: Counter = Counter()
+
+    def profiled(self, i):
+        if i != steps - 1:
+            return step(self, i)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = step(self, i)
+        events.update(e.name for e in prof.events())
+        return out
+
+    Trainer.step = profiled
+    try:
+        yield
+    finally:
+        Trainer.step = step
+    result["dynamo_breaks"] = [k.splitlines()[0] for k in list(counters["graph_break"]) + list(counters["unimplemented"])]
+    result["dynamo_graphs"] = counters["stats"]["unique_graphs"]
+    result["compiled_forward"] = events["CompiledFunction"]
+    result["compiled_backward"] = events["CompiledFunctionBackward"]
+
+
 def main() -> None:
     cases_path, results_path = sys.argv[1], sys.argv[2]
     cases = json.load(open(cases_path))
@@ -68,9 +104,14 @@ def main() -> None:
             opts = RunOptions(steps=case.get("steps", 5), seed=case.get("seed", 0), quiet=True,
                               track_memory=case.get("track_memory", "off"), timing_warmup=2)
             seen: dict[str, set] = {"device_violations": set(), "compute_dtypes": set(), "master_dtypes": set()}
-            with inspected_steps(seen) if case.get("inspect") else contextlib.nullcontext():
+            compiled: dict = {}
+            with contextlib.ExitStack() as stack:
+                if case.get("inspect"):
+                    stack.enter_context(inspected_steps(seen))
+                if case.get("compile_check"):
+                    stack.enter_context(compile_counted(compiled, opts.steps))
                 rows = run_training(plan, opts, torch.device("cpu"))
-            results[case["name"]] = {"losses": [r.loss for r in rows],
+            results[case["name"]] = {"losses": [r.loss for r in rows], **compiled,
                                      "peak_memory_gib": [r.peak_memory_gib for r in rows],
                                      **{k: sorted(v) for k, v in seen.items()},
                                      "seconds": time.perf_counter() - t0}
