@@ -7,8 +7,6 @@ parts removed and every parameter keeps the fully-qualified name (FQN) it has in
 
 from __future__ import annotations
 
-import math
-import zlib
 from dataclasses import dataclass
 
 import torch
@@ -16,9 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshplan.specs.model import ModelSpec
-
-INIT_STD = 0.02
-
 
 @dataclass(frozen=True)
 class SeqLayout:
@@ -186,46 +181,3 @@ def keep_stage(model: Transformer, layer_ids: list[int], first: bool, last: bool
         model.norm = None
         model.output = None
     return model
-
-
-# --- initialisation: a function of (seed, FQN) only, never of the layout -------------------------
-
-WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.", "module.")
-
-
-def canonical_fqn(name: str) -> str:
-    """The parameter's name in the plain, unwrapped model (wrappers insert path components)."""
-    for prefix in WRAPPER_PREFIXES:
-        name = name.replace(prefix, "")
-    return name
-
-
-def init_value(fqn: str, shape: torch.Size, spec: ModelSpec, seed: int) -> torch.Tensor:
-    """The full initial value of parameter `fqn`: N(0, 0.02) weights (residual projections scaled
-    by 1/sqrt(2*n_layers), as GPT-2), zero biases, unit norm weights."""
-    leaf = fqn.rsplit(".", 1)[-1]
-    is_norm = "norm" in fqn.rsplit(".", 2)[-2] if "." in fqn else False
-    if leaf == "bias":
-        return torch.zeros(shape)
-    if is_norm:
-        return torch.ones(shape)
-    std = INIT_STD
-    if fqn.endswith("attention.wo.weight") or fqn.endswith("feed_forward.w2.weight"):
-        std = INIT_STD / math.sqrt(2 * spec.n_layers)
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(fqn.encode())) % (2**63))
-    return torch.randn(shape, generator=gen) * std
-
-
-@torch.no_grad()
-def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
-    """Fill every parameter with its layout-independent value: build the full tensor, then keep
-    this rank's shard (DTensor placements from TP/FSDP) without communication."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    for name, param in model.named_parameters():
-        full = init_value(canonical_fqn(name), param.shape, spec, seed).to(param.dtype)
-        if isinstance(param, DTensor):
-            local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-            param.to_local().copy_(local.to_local())
-        else:
-            param.copy_(full)

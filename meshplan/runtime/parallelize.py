@@ -14,7 +14,8 @@ from meshplan.runtime.context_parallel import apply_cp
 from meshplan.runtime.data_parallel import apply_data_parallel
 from meshplan.runtime.float8 import apply_float8
 from meshplan.runtime.mesh import Meshes, ParallelDims
-from meshplan.runtime.model import SeqLayout, Transformer, build_model, init_weights, keep_stage
+from meshplan.runtime.initialisation import init_weights
+from meshplan.runtime.model import SeqLayout, Transformer, build_model, keep_stage
 from meshplan.runtime.pipeline import split_layers, stage_ids
 from meshplan.runtime.tensor_parallel import apply_tp, enable_async_tp
 from meshplan.specs.plan import Plan

@@ -13,7 +13,8 @@ from torch import nn
 
 from meshplan.runtime.data import BatchSpec, make_source
 from meshplan.runtime.float8 import apply_float8
-from meshplan.runtime.model import build_model, init_weights
+from meshplan.runtime.initialisation import init_weights
+from meshplan.runtime.model import build_model
 from meshplan.runtime.options import RunOptions
 from meshplan.runtime.train import build_optimizers, loss_fn
 from meshplan.specs.plan import Plan

@@ -15,7 +15,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from meshplan.runtime.context_parallel import apply_cp, shard_sequence
-from meshplan.runtime.model import build_model, init_weights
+from meshplan.runtime.initialisation import init_weights
+from meshplan.runtime.model import build_model
 from meshplan.runtime.train import loss_fn
 from meshplan.specs.registry import resolve_model
 

@@ -102,6 +102,7 @@ def main() -> None:
         try:
             plan = plan_from_dict(case["plan"])
             opts = RunOptions(steps=case.get("steps", 5), seed=case.get("seed", 0), quiet=True,
+                              data=case.get("data", "synthetic"),
                               track_memory=case.get("track_memory", "off"), timing_warmup=2)
             seen: dict[str, set] = {"device_violations": set(), "compute_dtypes": set(), "master_dtypes": set()}
             compiled: dict = {}

@@ -20,7 +20,8 @@ import torch
 from knob_matrix import AC_CHOICES, KNOBS, all_cases, covering_subset, knobs_of, pairs
 from worlds import collect, start_world
 from meshplan.runtime.activation_checkpoint import apply_ac
-from meshplan.runtime.model import build_model, init_weights
+from meshplan.runtime.initialisation import init_weights
+from meshplan.runtime.model import build_model
 from meshplan.runtime.options import RunOptions
 from meshplan.runtime.reference import reference_run
 from meshplan.specs.plan import plan_from_dict
@@ -114,15 +115,33 @@ def test_split_backward_fails_exactly_where_the_rule_refuses(ac):
 
 
 # ---- the cover, run ------------------------------------------------------------------------------
-def _start_world(nproc: int, cases: list, tmp: Path):
-    return start_world(nproc, [{"name": c.name, "plan": c.plan, "steps": STEPS} for c in cases], tmp, "matrix")
+def _start_world(nproc: int, cases: list, tmp: Path, data: str):
+    return start_world(nproc, [{"name": c.name, "plan": c.plan, "steps": STEPS, "data": data} for c in cases], tmp,
+                       "matrix")
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> dict:
+def one_batch(tmp_path_factory) -> str:
+    """A token file holding exactly one global batch (8 rows of 32, overlapping as in a text): every
+    step reads the same batch (data.py's offset wraps at len - seq_len - 1 = 8 x 32), so step 2's loss
+    below step 1's is the optimizer step going downhill, not an easier batch."""
+    import numpy as np
+
+    t = COVER[0].plan["training"]
+    assert all(c.plan["training"]["seq_len"] == t["seq_len"] and c.plan["training"]["global_batch"] == t["global_batch"]
+               for c in COVER)
+    n = t["global_batch"] * t["seq_len"] + t["seq_len"] + 1
+    path = tmp_path_factory.mktemp("data") / "one_batch.bin"
+    (np.arange(n) * 3 % 256).astype(np.uint16).tofile(path)  # tiny-4l's vocab is 256
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, one_batch) -> dict:
     tmp = tmp_path_factory.mktemp("matrix")
     runnable = [c for c in COVER if c.refused is None]
-    worlds = [_start_world(n, [c for c in runnable if knobs_of(c.combo)["world"] == n], tmp) for n in KNOBS["world"]]
+    worlds = [_start_world(n, [c for c in runnable if knobs_of(c.combo)["world"] == n], tmp, one_batch)
+              for n in KNOBS["world"]]
     out = collect(worlds, WORLD_TIMEOUT_S, tmp, partial_on_timeout=True)
     missing = [c for c in runnable if c.name not in out]
     if missing:
@@ -132,18 +151,18 @@ def results(tmp_path_factory) -> dict:
         print(f"knob matrix: a world hung; rerunning {[c.name for c in missing]} in fresh worlds")
         retry = tmp / "retry"
         retry.mkdir()
-        again = [_start_world(n, [c for c in missing if knobs_of(c.combo)["world"] == n], retry)
+        again = [_start_world(n, [c for c in missing if knobs_of(c.combo)["world"] == n], retry, one_batch)
                  for n in KNOBS["world"] if any(knobs_of(c.combo)["world"] == n for c in missing)]
         out.update(collect(again, WORLD_TIMEOUT_S, retry))
     return out
 
 
 @pytest.fixture(scope="module")
-def first_loss() -> float:
+def first_loss(one_batch) -> float:
     """Step 1's loss in one process, no wrappers: every layout's first loss must equal it (fp32 and
     float8 alike within 1e-3; float8's rounding moves it by ~1e-5 relative)."""
     plan = plan_from_dict(COVER[0].plan | {"gpus": 1, "parallel": {}, "memory": {}})
-    return reference_run(plan, RunOptions(steps=1, seed=0), float8=False)[0].loss
+    return reference_run(plan, RunOptions(steps=1, seed=0, data=one_batch), float8=False)[0].loss
 
 
 @pytest.mark.distributed
@@ -159,7 +178,7 @@ def test_combination_trains_or_is_refused(name, results, first_loss):
     losses = got["losses"]
     assert len(losses) == STEPS and all(math.isfinite(x) for x in losses), losses
     assert abs(losses[0] - first_loss) <= 1e-3 * first_loss, (losses, first_loss)
-    assert losses[1] < losses[0], losses  # the optimizer step moved the weights downhill
+    assert losses[1] < losses[0], losses  # the optimizer step moved the weights downhill (on the same batch)
 
 
 def test_planner_writes_no_float8_plan_for_gloo():

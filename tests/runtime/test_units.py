@@ -10,7 +10,8 @@ from meshplan.runtime.activation_checkpoint import apply_ac
 from meshplan.runtime.context_parallel import shard_sequence
 from meshplan.runtime.data import BatchSpec, SyntheticData, TokenFileData, local_rows
 from meshplan.runtime.metrics import LiveTensorMemory
-from meshplan.runtime.model import SeqLayout, build_model, init_weights
+from meshplan.runtime.initialisation import init_weights
+from meshplan.runtime.model import SeqLayout, build_model
 from meshplan.runtime.pipeline import split_layers, stage_ids
 from meshplan.runtime.train import lr_lambda
 from meshplan.specs.model import ModelSpec
