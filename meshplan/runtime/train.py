@@ -26,7 +26,7 @@ from meshplan.runtime.float8 import register_precompute
 from meshplan.runtime.mesh import ParallelDims, build_mesh
 from meshplan.cost_models.memory import GIB
 from meshplan.runtime.metrics import LiveTensorMemory, MetricsLog, StepMetrics, step_mfu
-from meshplan.runtime.options import RunOptions, check_runnable
+from meshplan.runtime.options import RunOptions, check_device, check_runnable
 from meshplan.runtime.parallelize import ModelParts, parallelize_model
 from meshplan.runtime.pipeline import build_schedule
 from meshplan.runtime.profiling import profiled_steps, save_profile, step_profiler
@@ -61,12 +61,14 @@ def build_optimizers(parts: list[nn.Module], opts: RunOptions) -> tuple[list, li
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: dist.ProcessGroup | None,
-                   device: torch.device) -> float:
-    """Clip by the global L2 norm over every parameter of the model, wherever it lives.
+                   device: torch.device) -> torch.Tensor:
+    """Clip by the global L2 norm over every parameter of the model, wherever it lives; returns the
+    norm as a tensor on `device`, read by the host only with the step's log line (no sync here).
 
     DTensor gradients (TP/FSDP shards) give their full-tensor norm per mesh; pipeline ranks hold
     disjoint parameters, so squared norms are summed over the pp group (on `device`, so that a
-    rank without gradients still joins the all-reduce with a tensor its backend can send).
+    rank without gradients still joins the all-reduce with a tensor its backend can send). The
+    gradients are scaled by min(1, max_norm / norm) on the device, as torch's clip_grad_norm_ does.
     """
     grads = [p.grad for p in params if p.grad is not None]
     by_mesh: dict[Any, list[torch.Tensor]] = {}
@@ -81,11 +83,10 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: dist.P
     if pp_group is not None:
         dist.all_reduce(sq, group=pp_group)
     total = sq.sqrt()
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0).item()
-    if coef < 1.0:
-        for g in grads:
-            g.mul_(coef)
-    return float(total)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for group in by_mesh.values():
+        torch._foreach_mul_([g.to_local() if isinstance(g, DTensor) else g for g in group], coef.to(group[0].dtype))
+    return total
 
 
 @dataclass
@@ -96,6 +97,8 @@ class Trainer:
 
     def __post_init__(self) -> None:
         check_runnable(self.plan, self.device.type)
+        if self.device.type == "cuda":
+            check_device(self.plan, self.device)
         self.dims = ParallelDims.from_plan(self.plan)
         if dist.get_world_size() != self.dims.world_size:
             from meshplan.errors import InputError
@@ -162,12 +165,14 @@ class Trainer:
         for sched in self.schedulers:
             sched.step()
         # Mean over micro-batches and over the ranks that own a loss (last stage, tp rank 0):
-        # equal token counts everywhere, so this is the mean over the global batch.
+        # equal token counts everywhere, so this is the mean over the global batch. The one read
+        # the host waits for in a step: the log line's loss and gradient norm, together.
         owner = loss_sum is not None and self.tp_rank == 0
-        buf = torch.tensor([float(loss_sum.detach()) if owner else 0.0, 1.0 if owner else 0.0], dtype=torch.float64,
-                           device=self.device)
+        loss = loss_sum.detach().to(torch.float64) if owner else torch.zeros((), dtype=torch.float64, device=self.device)
+        buf = torch.stack([loss, torch.ones_like(loss) if owner else torch.zeros_like(loss)])
         dist.all_reduce(buf)
-        return float(buf[0] / buf[1]) / self.n_micro, grad_norm
+        loss_total, owners, norm = torch.cat([buf, grad_norm.to(torch.float64).reshape(1)]).tolist()
+        return loss_total / owners / self.n_micro, norm
 
     def current_lr(self) -> float:
         return self.schedulers[0].get_last_lr()[0]
