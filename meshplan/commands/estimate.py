@@ -9,10 +9,11 @@ from dataclasses import replace
 from meshplan.commands.argparsing import ArgumentParser
 from meshplan.cost_models.band import band_of
 from meshplan.cost_models.estimate import Estimate, estimate_plan
+from meshplan.cost_models.plan_checks import check_against_profile
 from meshplan.errors import InputError
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import Plan, check_consistency, load_plan
-from meshplan.specs.rules import check_backend_rules, profile_backend
+from meshplan.specs.rules import check_backend_rules, normalise_moot_fields, profile_backend
 
 
 # Memory budgets tried, as multiples of the device's usable memory, when no completion fits: the first is
@@ -82,14 +83,19 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     plan = load_plan(args.plan)
     profile = load_profile(plan.cluster)
+    notes: list[str] = []
     if plan.is_complete():
         check_consistency(plan)
         check_backend_rules(plan, profile_backend(profile.provenance))  # what the planner prunes on this profile
+        check_against_profile(plan, profile)
+        notes = normalise_moot_fields(plan)
         est = estimate_plan(plan, profile)
     else:
         plan, est = fill_auto(plan, profile)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     if args.json:
-        json.dump({**est.to_json(plan), **band_of(plan, est).to_json()}, sys.stdout, indent=2)
+        json.dump({**est.to_json(plan), **band_of(plan, est).to_json(), "notes": notes}, sys.stdout, indent=2)
         print()
     else:
         _print_breakdown(plan, est)

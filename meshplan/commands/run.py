@@ -19,7 +19,7 @@ from pathlib import Path
 from meshplan.commands.argparsing import ArgumentParser
 from meshplan.errors import InputError
 from meshplan.runtime.launcher import LaunchOptions
-from meshplan.runtime.options import RunOptions, check_runnable, local_device_type
+from meshplan.runtime.options import RunOptions, check_device, check_runnable, local_device_type
 from meshplan.runtime.slurm import SlurmOptions
 from meshplan.specs.plan import Plan, load_plan
 
@@ -217,10 +217,26 @@ def parse(argv: list[str]) -> RunRequest:
     plan = load_plan(args.plan)
     # Refused here, before launch, for this machine's backend (sbatch: checked on the nodes).
     check_runnable(plan, None if args.slurm else local_device_type())
+    if not args.slurm:
+        check_device(plan)
+    check_plan_profile(plan)
     opts = run_options(args, plan)
     launch = launch_options(args, plan)
     return RunRequest(plan=plan, plan_path=args.plan, opts=opts, launch=launch,
                       slurm=slurm_options(args, plan, launch))
+
+
+def check_plan_profile(plan: Plan) -> None:
+    """The fields the plan's cluster profile judges (float8 on its device, placement on its links),
+    and the moot fields, said once (rank 0 or the launcher) and run as their neutral value."""
+    from meshplan.cost_models.plan_checks import check_against_profile
+    from meshplan.profiles import load_profile
+    from meshplan.specs.rules import normalise_moot_fields
+
+    check_against_profile(plan, load_profile(plan.cluster))
+    for note in normalise_moot_fields(plan):
+        if not inside_torchrun():  # the launcher says it; its workers normalise alike
+            print(f"note: {note}", file=sys.stderr)
 
 
 def inside_torchrun() -> bool:

@@ -28,7 +28,8 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
-from meshplan.specs.rules import async_tp_reason, compile_reason, profile_backend, tied_embeddings_reason
+from meshplan.specs.rules import (async_tp_reason, compile_reason, profile_backend, tied_embeddings_reason,
+                                  uses_fully_shard)
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
 SAC_ILP = "ilp"  # selective AC with the op kinds the SAC ILP chooses under the memory budget
@@ -210,7 +211,9 @@ class Space:
 
     @memoized
     def reshard_options(self, mesh: Mesh) -> list[bool]:
-        searched = [True, False] if (mesh.dp_shard > 1 and mesh.pp == 1) else [mesh.pp == 1]
+        # Where nothing is fully_shard-ed the field is moot and written false (specs/rules.py).
+        moot = not uses_fully_shard(mesh.dp_shard * mesh.cp, mesh.dp_replicate, self.dtype)
+        searched = [True, False] if (mesh.dp_shard > 1 and mesh.pp == 1) else [mesh.pp == 1 and not moot]
         return self._opts("memory.reshard_after_forward", self.plan.memory.reshard_after_forward, searched)
 
     @memoized

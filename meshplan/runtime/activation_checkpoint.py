@@ -79,7 +79,7 @@ def sac_context_fn(kinds: tuple[str, ...], saved: frozenset[str]) -> Callable[[]
 
 def apply_ac(model: Transformer, mode: str, sac_ops: list[str] | None) -> None:
     """Wrap each block of `model` in place (the wrapper adds `_checkpoint_wrapped_module` to FQNs;
-    model.canonical_fqn and DCP's state-dict helpers strip it)."""
+    initialisation.canonical_fqn and DCP's state-dict helpers strip it)."""
     if mode == "none":
         return
     if mode not in ("full", "selective"):

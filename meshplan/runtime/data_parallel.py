@@ -21,6 +21,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from meshplan.runtime.mesh import Meshes, ParallelDims
 from meshplan.runtime.model import Transformer
+from meshplan.specs.rules import uses_fully_shard
 
 def mixed_precision(dtype: str) -> MixedPrecisionPolicy:
     """bf16: bf16 compute, fp32 gradient reduction (master weights stay fp32); fp32: no casts."""
@@ -36,7 +37,7 @@ def data_parallel_kind(dims: ParallelDims, dtype: str = "fp32") -> str:
         return "hsdp" if dims.dp_replicate > 1 else "fsdp"
     if dims.dp_replicate > 1:
         return "ddp"
-    return "fsdp1" if dtype != "fp32" else "none"
+    return "fsdp1" if uses_fully_shard(dims.fsdp_size, dims.dp_replicate, dtype) else "none"
 
 
 def apply_fsdp(model: Transformer, mesh: DeviceMesh, reshard_after_forward: bool,

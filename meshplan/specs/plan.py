@@ -17,9 +17,11 @@ from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
                 "ZBVZeroBubble", "DualPipeV")
 SINGLE_STAGE_SCHEDULES = ("GPipe", "1F1B")
+# The schedule a plan without pipelining names (the planner writes it; with pp 1 nothing runs one).
+DEFAULT_PP_SCHEDULE = "1F1B"
 V_SHAPED_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 AC_MODES = ("none", "selective", "full")
-# Activation kinds that selective AC may save (one per op output the runtime can tag in a block).
+# Activation kinds that selective AC may save: a block's compute ops by kind (runtime/activation_checkpoint.py).
 SAC_OPS = ("qkv", "attention", "attn_out", "ffn_in", "ffn_out")
 # What selective AC saves when a plan says `sac_ops: null` (runtime and cost model alike): the
 # attention output (quadratic work per byte) and the matmuls feeding attention and the MLP
@@ -255,9 +257,19 @@ def check_consistency(plan: Plan) -> None:
             raise InputError("training.global_batch",
                              f"must be a multiple of micro_batch*dp_replicate*dp_shard = {per_step}, got {t.global_batch}")
     _check_pipeline(plan)
+    _check_tp_fields(plan)
     if mem.sac_ops not in (None, AUTO) and mem.activation_checkpointing not in ("selective", AUTO):
         raise InputError("memory.sac_ops", "applies only with activation_checkpointing: selective")
     check_runtime_rules(plan)
+
+
+def _check_tp_fields(plan: Plan) -> None:
+    """Fields that only mean something under TP: refused without it rather than dropped."""
+    p = plan.parallel
+    if _known(p.tp) and p.tp == 1:
+        for name in ("sequence_parallel", "async_tp"):
+            if getattr(p, name) is True:
+                raise InputError(f"parallel.{name}", "applies only with tp > 1 (tp is 1); set false")
 
 
 def _check_pipeline(plan: Plan) -> None:
@@ -269,6 +281,11 @@ def _check_pipeline(plan: Plan) -> None:
     if p.pp == 1:
         if _known(p.pp_virtual_stages) and p.pp_virtual_stages != 1:
             raise InputError("parallel.pp_virtual_stages", f"must be 1 when pp is 1, got {p.pp_virtual_stages}")
+        if p.pp_layers not in (None, AUTO):
+            raise InputError("parallel.pp_layers", f"applies only with pp > 1 (pp is 1), got {p.pp_layers}; set null")
+        if _known(p.pp_schedule) and p.pp_schedule != DEFAULT_PP_SCHEDULE:
+            raise InputError("parallel.pp_schedule", f"applies only with pp > 1 (pp is 1), got {p.pp_schedule}; "
+                                                     f"set {DEFAULT_PP_SCHEDULE} or auto")
         return
     if _known(p.pp_schedule, p.pp_virtual_stages):
         v = p.pp_virtual_stages

@@ -61,6 +61,35 @@ def cp_kv_repeated(kind: str) -> bool:
     return kind == RING
 
 
+def uses_fully_shard(fsdp_size: int, dp_replicate: int, dtype: str) -> bool:
+    """Whether the runtime wraps the model in FSDP2's fully_shard (runtime/data_parallel.py): where it
+    shards (dp_shard * cp > 1), and for a bf16 plan without data parallelism, which gets a one-rank
+    fully_shard for its mixed precision. Elsewhere (DDP, or fp32 on one rank) nothing is resharded."""
+    return fsdp_size > 1 or (dp_replicate == 1 and dtype != "fp32")
+
+
+def moot_field_notes(plan: Plan) -> list[tuple[str, str]]:
+    """(field, note) for each field a complete plan sets that its layout makes moot, which `estimate`
+    and `run` treat as its neutral value and say so (normalise_moot_fields)."""
+    p, mem = plan.parallel, plan.memory
+    out = []
+    if mem.reshard_after_forward is True and not uses_fully_shard(p.dp_shard * p.cp, p.dp_replicate,
+                                                                  str(plan.training.dtype)):
+        out.append(("memory.reshard_after_forward",
+                    "true has no effect without FSDP (dp_shard*cp = 1 and DDP or fp32): run and estimated as false"))
+    return out
+
+
+def normalise_moot_fields(plan: Plan) -> list[str]:
+    """Set the moot fields of a complete plan to their neutral value; one line per change."""
+    notes = []
+    for field_name, note in moot_field_notes(plan):
+        if field_name == "memory.reshard_after_forward":
+            plan.memory.reshard_after_forward = False
+        notes.append(f"{field_name}: {note}")
+    return notes
+
+
 def async_tp_reason(tp: int, compile_: bool, backend: str) -> str | None:
     """Why async TP cannot run, or None. It is an inductor pass (torch._inductor.config.
     _micro_pipeline_tp) over symmetric-memory collectives, which exist only on NCCL/CUDA."""
@@ -146,6 +175,18 @@ def float8_tp_reason(float8: bool, tp: int, backend: str) -> str | None:
     through the TP collectives, and gloo has no float8 dtype ("Invalid scalar type", then a hang)."""
     if float8 and tp > 1 and backend == GLOO:
         return "with tp > 1 needs CUDA/NCCL: gloo's collectives have no float8 dtype"
+    return None
+
+
+FLOAT8_MIN_CAPABILITY = (8, 9)  # torchao float8 training: fp8 tensor cores (Ada, Hopper, Blackwell)
+
+
+def float8_device_reason(float8: bool, device_type: str, capability: tuple[int, int] | None) -> str | None:
+    """Why float8 cannot run on this device, or None. On CUDA it needs compute capability 8.9 or later;
+    on a CPU the runtime emulates it (torchao's emulate=True: float8 numerics, not its speed)."""
+    if float8 and device_type == "cuda" and capability is not None and tuple(capability) < FLOAT8_MIN_CAPABILITY:
+        return (f"true needs fp8 tensor cores (compute capability 8.9 or later); this GPU is "
+                f"{capability[0]}.{capability[1]}; set false")
     return None
 
 

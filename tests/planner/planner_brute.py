@@ -25,7 +25,7 @@ from meshplan.planner.placement import candidate_orders
 from meshplan.planner.stage_split import balanced_split
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS, Plan, plan_from_dict
-from meshplan.specs.rules import (ac_schedule_reason, async_tp_reason, compile_reason, microbatch_reason,
+from meshplan.specs.rules import (ac_schedule_reason, async_tp_reason, compile_reason, microbatch_reason, uses_fully_shard,
                                   profile_backend)
 
 SINGLE = ("GPipe", "1F1B")
@@ -164,7 +164,8 @@ def enumerate_space(plan: Plan, prof, global_batch: int, all_sac_subsets: bool =
                     if mem.sac_ops == AUTO and all_sac_subsets:
                         acs += [(ac, s) for s in subsets]
             f8s = _opt(mem.float8, [False, True] if f8_ok else [False])
-            reshards = _opt(mem.reshard_after_forward, [True, False] if (ds > 1 and pp == 1) else [pp == 1])
+            moot = not uses_fully_shard(ds * cp, dr, dtype)
+            reshards = _opt(mem.reshard_after_forward, [True, False] if (ds > 1 and pp == 1) else [pp == 1 and not moot])
             compiles = _opt(plan.compile, [False, True])
             if pp == 1:
                 scheds = [("1F1B", 1)]

@@ -36,7 +36,7 @@ def candidates_frame() -> pd.DataFrame:
     prof = load_profile("h100-80g-dgx")
     for tp, pp, ac in [(1, 1, "none"), (2, 2, "none"), (4, 4, "selective"), (4, 2, "full"), (8, 1, "selective"),
                        (2, 4, "full"), (8, 2, "none"), (1, 4, "selective")]:
-        d = plan_dict(tp=tp, pp=pp, dp_shard=64 // (tp * pp))
+        d = plan_dict(tp=tp, pp=pp, dp_shard=64 // (tp * pp), sequence_parallel=tp > 1)
         d["memory"]["activation_checkpointing"] = ac
         est = estimate_plan(plan_from_dict(d), prof)
         row = {f"{s}.{k}": v for s in ("training", "parallel", "memory") for k, v in d[s].items()}

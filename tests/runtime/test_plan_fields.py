@@ -149,11 +149,13 @@ def effect_sequence_parallel():
     norm = lambda t: t.model.parts[0].layers["0"].attention_norm.weight  # noqa: E731
     assert isinstance(norm(build(parallel__tp=2, parallel__sequence_parallel=True)), DTensor)
     assert not isinstance(norm(build(parallel__tp=2)), DTensor)
+    refused_on_load(raw(parallel__sequence_parallel=True), "parallel.sequence_parallel")  # no TP to shard over
 
 
 def refused_async_tp():
     plan = plan_from_dict(raw(parallel__tp=2, parallel__async_tp=True, compile=True))
     refused(plan, "parallel.async_tp")
+    refused_on_load(raw(parallel__async_tp=True, compile=True), "parallel.async_tp")  # tp 1
 
 
 def effect_pp():
@@ -162,6 +164,7 @@ def effect_pp():
 
 
 def effect_pp_schedule():
+    refused_on_load(raw(parallel__pp_schedule="DualPipeV"), "parallel.pp_schedule")  # pp 1 runs no schedule
     a = build(model="tiny-4l", parallel__pp=2, parallel__pp_schedule="GPipe")
     b = build(model="tiny-4l", parallel__pp=2, parallel__pp_schedule="1F1B")
     assert type(a.schedule).__name__ == "ScheduleGPipe" and type(b.schedule).__name__ == "Schedule1F1B"
@@ -175,6 +178,7 @@ def effect_pp_virtual_stages():
 def effect_pp_layers():
     t = build(model="tiny-4l", parallel__pp=2, parallel__pp_layers=[1, 3])
     assert list(t.model.parts[0].layers.keys()) == ["0"]
+    refused_on_load(raw(model="tiny-4l", parallel__pp_layers=[3, 1]), "parallel.pp_layers")  # pp 1: no stages
 
 
 def effect_cp():
@@ -216,6 +220,13 @@ def effect_sac_ops():
 def effect_float8():
     from torchao.float8.float8_linear import Float8Linear
 
+    from meshplan.cost_models.plan_checks import check_against_profile
+    from meshplan.profiles import load_profile
+
+    with pytest.raises(InputError, match="fp8 tensor cores"):  # an A100 has none
+        check_against_profile(plan_from_dict(raw(memory__float8=True, training__dtype="bf16", cluster="a100-80g-dgx")),
+                              load_profile("a100-80g-dgx"))
+
     t = build(parallel__dp_shard=2, memory__float8=True)
     linears = [m for b in blocks(t) for m in b.modules() if isinstance(m, Float8Linear)]
     assert linears and all(m.config.enable_fsdp_float8_all_gather for m in linears)
@@ -228,6 +239,15 @@ def effect_reshard_after_forward():
     on = flags(build(parallel__dp_shard=2, memory__reshard_after_forward=True))
     off = flags(build(parallel__dp_shard=2, memory__reshard_after_forward=False))
     assert on == [True, False] and off == [False, False]  # the last block never reshards (backward next)
+    # Without fully_shard (DDP, or fp32 on one rank) it is moot: normalised to false, and said.
+    from meshplan.specs.rules import normalise_moot_fields
+
+    ddp = plan_from_dict(raw(parallel__dp_replicate=2, memory__reshard_after_forward=True))
+    assert normalise_moot_fields(ddp) == ["memory.reshard_after_forward: true has no effect without FSDP "
+                                          "(dp_shard*cp = 1 and DDP or fp32): run and estimated as false"]
+    assert ddp.memory.reshard_after_forward is False
+    bf16 = plan_from_dict(raw(training__dtype="bf16", memory__reshard_after_forward=True))  # one-rank fully_shard
+    assert normalise_moot_fields(bf16) == [] and bf16.memory.reshard_after_forward is True
 
 
 def compiled_regions_run(block, batch: int = 2, seq: int = 32) -> int:
@@ -257,11 +277,22 @@ def effect_mesh_order():
     refused(plan_from_dict(raw(mesh_order=["pp", "dp_shard", "dp_replicate", "cp", "tp"])), "mesh_order")
 
 
-def format_placement():
-    # Written by the planner to say where mesh_order puts each group; the runtime realises it
-    # through mesh_order (above) and reads nothing else from it.
-    plan = plan_from_dict(raw(placement={"tp": "loopback"}))
-    assert plan.to_dict()["placement"] == {"tp": "loopback"}
+def checked_placement():
+    # Where mesh_order puts each group on the profile's links: a plan's placement must agree, name
+    # one of the profile's link levels, and place a group that exists.
+    from meshplan.cost_models.plan_checks import check_against_profile
+    from meshplan.profiles import load_profile
+
+    gloo = load_profile("cpu-gloo")
+    check_against_profile(plan_from_dict(raw(parallel__tp=2, placement={"tp": "loopback"})), gloo)
+    for placement, why in (({"tp": "nonsense-level"}, "link levels"), ({"dp_shard": "loopback"}, "size 1")):
+        with pytest.raises(InputError, match=why) as err:
+            check_against_profile(plan_from_dict(raw(parallel__tp=2, placement=placement)), gloo)
+        assert str(err.value).startswith("placement.")
+    h100 = load_profile("h100-80g-dgx")  # 8 a node: dp_shard 16 spans two nodes
+    big = raw(parallel__dp_shard=16, training__global_batch=32, cluster="h100-80g-dgx", placement={"dp_shard": "nvlink"})
+    with pytest.raises(InputError, match="puts the dp_shard group on"):
+        check_against_profile(plan_from_dict(big), h100)
 
 
 def format_model_ref():
@@ -273,6 +304,12 @@ def format_version():
         plan_from_dict({**raw(), "version": 2})
 
 
+def refused_on_load(mapping: dict, field_name: str) -> None:
+    with pytest.raises(InputError) as err:
+        plan_from_dict(mapping)
+    assert str(err.value).startswith(field_name) and "\n" not in str(err.value)
+
+
 def refused(plan, field_name: str) -> None:
     with pytest.raises(InputError) as err:
         check_runnable(plan, "cpu")
@@ -282,7 +319,7 @@ def refused(plan, field_name: str) -> None:
 
 DECISIONS = {
     "model": effect_model, "cluster": effect_cluster, "gpus": effect_gpus, "compile": effect_compile,
-    "placement": format_placement, "mesh_order": effect_mesh_order, "model_ref": format_model_ref,
+    "placement": checked_placement, "mesh_order": effect_mesh_order, "model_ref": format_model_ref,
     "version": format_version,
     "training.seq_len": effect_seq_len, "training.global_batch": effect_global_batch,
     "training.micro_batch": effect_micro_batch, "training.dtype": effect_dtype,
@@ -343,3 +380,29 @@ def test_micro_batch_rule_is_pytorchs(schedule, accepted):
         check_runnable(plan, "cpu")
     else:
         refused(plan, "training.global_batch")
+
+
+ISSUE_EXAMPLES = {
+    # pp 1 with a stage split and a V-shaped schedule: there are no stages to split.
+    "pp_layers without pp": ({"model": "small", "parallel__pp_layers": [7, 1, 0], "parallel__pp_schedule": "DualPipeV"},
+                             "parallel.pp_layers"),
+    "placement on no link": ({"parallel__dp_shard": 2, "placement": {"dp_shard": "nonsense-level"}},
+                             "placement.dp_shard"),
+    "float8 on an A100": ({"model": "llama3-8b", "cluster": "a100-80g-dgx", "parallel__dp_shard": 8,
+                           "training__dtype": "bf16", "training__global_batch": 16, "memory__float8": True}, "memory.float8"),
+}
+
+
+@pytest.mark.parametrize("command", ["estimate", "run"])
+@pytest.mark.parametrize("example", sorted(ISSUE_EXAMPLES))
+def test_fields_once_accepted_and_ignored_are_refused_by_estimate_and_run(tmp_path, capsys, command, example):
+    import yaml
+
+    from meshplan import cli
+
+    edits, field_name = ISSUE_EXAMPLES[example]
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(raw(**edits)))
+    assert cli.main([command, "--plan", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"error: {field_name}" in err, err
