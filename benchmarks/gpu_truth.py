@@ -1,7 +1,9 @@
 """Does a plan keep its promise on real GPUs? Profile the machine, plan Llama 3.2 1B and 3B (and
 Llama 3 8B where it fits), run the planner's top plans and forced variants with `meshplan run`,
 and print predicted against measured: step time, memory (allocated and reserved), OOM, MFU, then
-Spearman and top-1 regret. Writes CSV and Markdown.
+Spearman and top-1 regret. Each compiled plan with activation checkpointing is run again with
+compile off, so the table shows its compiled step beside the eager one (and the graph breaks
+Dynamo logged). Writes CSV and Markdown.
 
     python benchmarks/gpu_truth.py [--quick] [--out benchmarks/results]
 
@@ -16,6 +18,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -46,6 +49,8 @@ class Result:
     failed: str = ""
     mfu_predicted: float | None = None
     mfu_measured: float | None = None
+    eager_s: float | None = None  # the same plan with compile: false, measured
+    graph_breaks: int | None = None  # Dynamo's "Graph break" log lines in a compiled run
 
     @property
     def error(self) -> float | None:
@@ -62,8 +67,9 @@ class Setup:
     notes: list[str] = field(default_factory=list)
 
 
-def meshplan(*args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, timeout=timeout)
+def meshplan(*args: str, timeout: float = RUN_TIMEOUT_S, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshplan", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 def detect(args: argparse.Namespace, out: Path) -> Setup:
@@ -126,9 +132,9 @@ def planner_top(model: str, setup: Setup, args: argparse.Namespace, work: Path, 
 
 
 def variants(best: dict[str, Any], fp8: bool, quick: bool) -> list[tuple[str, dict]]:
-    """The best plan with one knob forced at a time: compile, AC, float8, micro-batch."""
-    forced: list[tuple[str, str, Any]] = [("compile", "", v) for v in (False, True)]
-    forced += [("memory", "activation_checkpointing", ac) for ac in ("none", "selective", "full")]
+    """The best plan with one knob forced at a time: AC (compiled), compile, float8, micro-batch."""
+    forced: list[tuple[str, str, Any]] = [("memory", "activation_checkpointing", ac) for ac in ("selective", "full", "none")]
+    forced += [("compile", "", v) for v in (False, True)]
     if fp8:
         forced += [("memory", "float8", v) for v in (False, True)]
     forced += [("training", "micro_batch", mb) for mb in ((1, 2) if quick else (1, 2, 4))]
@@ -141,6 +147,7 @@ def variants(best: dict[str, Any], fp8: bool, quick: bool) -> list[tuple[str, di
             plan[section][key] = value
         if key == "activation_checkpointing":
             plan["memory"]["sac_ops"] = None
+            plan["compile"] = True  # the compiled plan; measure() runs its eager twin beside it
         out.append((f"variant {key or section}={value}", plan))
     return out
 
@@ -152,19 +159,29 @@ def estimate(path: Path) -> dict[str, Any] | str:
     return json.loads(res.stdout)
 
 
-def run(path: Path, run_dir: Path, steps: int) -> tuple[dict | None, str, bool]:
-    """(summary.json, failure text, out of memory)."""
+@dataclass
+class Ran:
+    summary: dict | None
+    failed: str
+    oom: bool
+    graph_breaks: int
+
+
+def run(path: Path, run_dir: Path, steps: int) -> Ran:
+    """One `meshplan run`, with Dynamo's graph breaks logged (TORCH_LOGS=graph_breaks) and counted."""
     try:
-        res = meshplan("run", "--plan", str(path), "--steps", str(steps), "--out", str(run_dir), "--quiet")
+        res = meshplan("run", "--plan", str(path), "--steps", str(steps), "--out", str(run_dir), "--quiet",
+                       env={"TORCH_LOGS": "graph_breaks"})
     except subprocess.TimeoutExpired:
-        return None, f"timed out after {RUN_TIMEOUT_S} s", False
+        return Ran(None, f"timed out after {RUN_TIMEOUT_S} s", False, 0)
     text = res.stdout + res.stderr
     oom = "out of memory" in text.lower() or "OutOfMemoryError" in text
+    breaks = sum("Graph break" in line for line in text.splitlines())
     summary = run_dir / "summary.json"
     if res.returncode != 0 or not summary.is_file():
         last = text.strip().splitlines()[-1:] or [f"exit {res.returncode}"]
-        return None, last[0][:160], oom
-    return json.loads(summary.read_text()), "", oom
+        return Ran(None, last[0][:160], oom, breaks)
+    return Ran(json.loads(summary.read_text()), "", oom, breaks)
 
 
 def measure(label: str, model: str, plan: dict, work: Path, steps: int) -> Result:
@@ -180,8 +197,9 @@ def measure(label: str, model: str, plan: dict, work: Path, steps: int) -> Resul
     if not r.fits:
         r.failed = "estimate: does not fit (not run)"
         return r
-    summary, failed, r.oom = run(path, work / "runs" / name.replace("/", "-"), steps)
-    r.failed = failed
+    ran = run(path, work / "runs" / name.replace("/", "-"), steps)
+    summary, r.failed, r.oom = ran.summary, ran.failed, ran.oom
+    r.graph_breaks = ran.graph_breaks if plan.get("compile") else None
     if summary:
         m, p = summary["measured"], summary.get("predicted") or {}
         r.measured_s = m.get("step_time_s")
@@ -229,14 +247,22 @@ def _fmt(v: Any, spec: str) -> str:
     return "" if v is None else format(v, spec)
 
 
+def eager_twin(plan: dict[str, Any]) -> dict[str, Any] | None:
+    """The same plan with compile off, for a compiled plan with activation checkpointing (None otherwise)."""
+    if not plan.get("compile") or plan["memory"].get("activation_checkpointing") in (None, "none"):
+        return None
+    return {**json.loads(json.dumps(plan)), "compile": False}
+
+
 def table_rows(results: list[Result]) -> list[list[str]]:
-    return [[r.name, _fmt(r.predicted_s, ".3f"), _fmt(r.measured_s, ".3f"), _fmt(r.error, "+.1%"),
+    return [[r.name, _fmt(r.predicted_s, ".3f"), _fmt(r.measured_s, ".3f"), _fmt(r.eager_s, ".3f"),
+             _fmt(r.graph_breaks, "d"), _fmt(r.error, "+.1%"),
              _fmt(r.predicted_gib, ".2f"), _fmt(r.predicted_allocated_gib, ".2f"), _fmt(r.allocated_gib, ".2f"),
              _fmt(r.reserved_gib, ".2f"), "OOM" if r.oom else "", _fmt(r.mfu_predicted, ".1%"),
              _fmt(r.mfu_measured, ".1%"), r.failed] for r in results]
 
 
-HEADER = ["plan", "pred s/step", "meas s/step", "error", "pred GiB", "pred alloc GiB", "meas alloc GiB",
+HEADER = ["plan", "pred s/step", "meas s/step", "eager s/step", "graph breaks", "error", "pred GiB", "pred alloc GiB", "meas alloc GiB",
           "meas reserved GiB", "OOM", "pred MFU", "meas MFU", "note"]
 
 
@@ -322,20 +348,25 @@ def main() -> int:
         top = planner_top(model, setup, args, work, 3 if args.quick else 5)
         if not top:
             continue
-        candidates = top + variants(top[0][1], fp8, args.quick)
-        seen: set[str] = set()
+        # The pick, its AC x compile variants (each beside its eager twin), then the other picks.
+        candidates = top[:1] + variants(top[0][1], fp8, args.quick) + top[1:]
+        seen: dict[str, Result] = {}
         for label, plan in candidates:
-            key = json.dumps(plan, sort_keys=True)
-            if key in seen:
-                continue
-            seen.add(key)
-            if time.time() - t0 > args.budget_s:
-                results.append(Result(name=f"{model}/{label}", model=model, source=label, failed="skipped: time budget"))
-                continue
-            r = measure(label, model, plan, work, steps)
-            print(f"  {r.name}: predicted {_fmt(r.predicted_s, '.3f')} s, measured {_fmt(r.measured_s, '.3f')} s "
-                  f"{r.failed}", flush=True)
-            results.append(r)
+            twin = eager_twin(plan)
+            for lab, pl in ((label, plan), *(((f"{label} eager", twin),) if twin else ())):
+                key = json.dumps(pl, sort_keys=True)
+                if key in seen:
+                    continue
+                if time.time() - t0 > args.budget_s:
+                    seen[key] = Result(name=f"{model}/{lab}", model=model, source=lab, failed="skipped: time budget")
+                else:
+                    seen[key] = measure(lab, model, pl, work, steps)
+                    r = seen[key]
+                    print(f"  {r.name}: predicted {_fmt(r.predicted_s, '.3f')} s, measured {_fmt(r.measured_s, '.3f')} s "
+                          f"{r.failed}", flush=True)
+                results.append(seen[key])
+            if twin:
+                seen[json.dumps(plan, sort_keys=True)].eager_s = seen[json.dumps(twin, sort_keys=True)].measured_s
     if not results:
         print("nothing was planned")
         return 1
