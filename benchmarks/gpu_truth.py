@@ -367,6 +367,7 @@ def main() -> int:
                 results.append(seen[key])
             if twin:
                 seen[json.dumps(plan, sort_keys=True)].eager_s = seen[json.dumps(twin, sort_keys=True)].measured_s
+            write_outputs(results, setup, out, time.time() - t0)  # after every plan: a killed run keeps what ran
     if not results:
         print("nothing was planned")
         return 1
