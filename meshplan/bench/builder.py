@@ -86,6 +86,12 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
     # max_fraction describes the kernel at its largest head measured (128 on GPUs, like the models)
     primary = [p for p in raw.attention_points if p["dtype"] == raw.attention_dtype]
     fitted = [p for p in primary if p["head_dim"] == max(q["head_dim"] for q in primary)]
+    lengths = sorted({p["seq_len"] for p in fitted})
+    if len(lengths) < 2:
+        # One length says nothing of the others: an H200 profile cut at seq 512 (a noisy 59 TFLOP/s)
+        # priced every 4k-token plan 2.6x slow (benchmarks/results/profile-h200-quick-60s-a778b82.yaml).
+        raise InputError("--time-budget", f"attention was measured at one sequence length only ({lengths[0]}, head_dim "
+                                          f"{fitted[0]['head_dim']}), which cannot price other lengths: allow more time")
     fractions = [p["tflops"] / att_peak for p in fitted]
     att_fit = fit.fit_attention([p["seq_len"] for p in fitted], fractions)
     ratios = [p["bwd_tflops"] / p["tflops"] for p in fitted]

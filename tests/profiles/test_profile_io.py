@@ -116,3 +116,14 @@ def test_network_level_is_fitted_per_device(tmp_path):
     for c, (bw, _) in TRUE_FIT.items():
         assert profile.collectives["network"][c].bus_bandwidth_gbs == pytest.approx(bw * 0.1, rel=1e-3)
     assert "not measured" not in str(profile.provenance.get("links.network", ""))
+
+
+def test_attention_at_one_length_is_refused_not_extrapolated(tmp_path):
+    """A time budget that left one attention length (seq 512 on an H200, 2026-11-26) gave a flat
+    curve from one noisy point: every longer sequence was priced at its rate. Now it is an error."""
+    from meshplan.errors import InputError
+
+    raw = _raw()
+    raw.attention_points = raw.attention_points[1:2]
+    with pytest.raises(InputError, match="one sequence length only"):
+        build_profile(_env(), _opts(tmp_path), raw)
