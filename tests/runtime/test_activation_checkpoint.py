@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from meshplan.runtime.activation_checkpoint import apply_ac, sac_context_fn
-from meshplan.runtime.metrics import LiveTensorMemory
 from meshplan.runtime.model import Transformer
 from meshplan.specs.plan import SAC_OPS
 from meshplan.specs.registry import resolve_model
+from kept import kept_after_forward
 
 B, S = 2, 32
 T = B * S
@@ -37,16 +37,7 @@ def block_of(model: str, ac: str, ops: list[str] | None):
 
 
 def kept_eager(model: str, ac: str, ops: list[str] | None = None) -> int:
-    """Bytes alive after the forward that were not alive before it (the output aside: same for all)."""
-    block = block_of(model, ac, ops)
-    x = torch.randn(B, S, 64, requires_grad=True)
-    mem = LiveTensorMemory(torch.device("cpu"))
-    with mem:
-        before = mem.current()
-        y = block(x)
-        kept = mem.current() - before
-    del y
-    return kept
+    return kept_after_forward(block_of(model, ac, ops), B, S, 64)
 
 
 def kept_compiled(model: str, ac: str, ops: list[str] | None = None) -> int:

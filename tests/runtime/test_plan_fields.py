@@ -21,6 +21,7 @@ from meshplan.runtime.metrics import predicted
 from meshplan.runtime.options import RunOptions, check_runnable
 from meshplan.runtime.train import Trainer
 from meshplan.specs.plan import Plan, plan_from_dict
+from kept import kept_after_forward
 from plan_base import base_plan
 
 SECTIONS = ("training", "parallel", "memory")
@@ -187,33 +188,19 @@ def effect_cp():
     assert all(b.attention.cp_attention is not None and b.attention.cp_kind == "gather" for b in blocks(t))
 
 
-def kept_after_forward(block, batch: int = 2, seq: int = 32) -> int:
-    """Bytes a block's forward leaves alive for backward (LiveTensorMemory after the forward, on
-    this CPU): what activation checkpointing changes."""
-    from meshplan.runtime.metrics import LiveTensorMemory
-
-    torch.manual_seed(0)
-    x = torch.randn(batch, seq, 64, requires_grad=True)  # tiny's dim
-    mem = LiveTensorMemory(torch.device("cpu"))
-    with mem:
-        before = mem.current()
-        y = block(x)
-        kept = mem.current() - before
-    del y
-    return kept
-
-
 def effect_activation_checkpointing():
     # tiny (dim 64, ffn 128) keeps far less for backward under full AC: the block's input only.
-    kept = {ac: kept_after_forward(blocks(build(memory__activation_checkpointing=ac))[0]) for ac in ("none", "full")}
+    kept = {ac: kept_after_forward(blocks(build(memory__activation_checkpointing=ac))[0], 2, 32, 64)
+            for ac in ("none", "full")}
     assert kept["full"] < kept["none"] / 4, kept
 
 
 def effect_sac_ops():
     # Adding ffn_in to the saved op kinds keeps w1's and w3's outputs: 2 x (2 x 32 tokens) x 128 x 4 bytes.
-    a = kept_after_forward(blocks(build(memory__activation_checkpointing="selective", memory__sac_ops=["qkv"]))[0])
+    a = kept_after_forward(blocks(build(memory__activation_checkpointing="selective", memory__sac_ops=["qkv"]))[0],
+                           2, 32, 64)
     b = kept_after_forward(blocks(build(memory__activation_checkpointing="selective",
-                                        memory__sac_ops=["qkv", "ffn_in"]))[0])
+                                        memory__sac_ops=["qkv", "ffn_in"]))[0], 2, 32, 64)
     assert b - a == 2 * (2 * 32) * 128 * 4
 
 
