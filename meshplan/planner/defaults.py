@@ -3,8 +3,6 @@ batch. Each default is printed among the search's assumptions, with the rule tha
 
 from __future__ import annotations
 
-from meshplan.cost_models.compute import matmul_tflops
-from meshplan.cost_models.flops import model_flops_per_token
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.model import ModelSpec
 
@@ -18,7 +16,9 @@ TOKENS_PER_DEVICE = 16 * 1024
 # Llama 3 405B's largest batch: 16M tokens on 16k GPUs (Llama 3 paper, section 3.4.1).
 MAX_TOKENS_PER_STEP = 16 * 1024 * 1024
 # A host CPU is ~10^4 times slower than a GPU: a GPU token budget would step for hours. A CPU
-# profile gets about one second of matmul work per step at the profile's measured matmul rate.
+# profile gets the batch whose estimated step takes about one second: the whole step as the cost
+# model prices it (attention, memory-bound work and host costs included, which on a small model
+# outweigh its matmuls), for plain data parallelism over the processes.
 HOST_STEP_S = 1.0
 
 
@@ -45,10 +45,8 @@ def default_global_batch(spec: ModelSpec, seq_len: int, gpus: int, profile: Clus
     """Sequences per step: a GPU cluster gets TorchTitan's 16k tokens per GPU (at most Llama 3's
     16M a step); a CPU profile about HOST_STEP_S of matmul work. Rounded down to a power of two."""
     if is_host_cpu(profile):
-        # The rate of the model's largest matmul (a sequence through the FFN input), as measured.
-        rate = matmul_tflops(profile.device, seq_len, spec.ffn_dim, spec.dim, dtype) * 1e12
-        tokens = HOST_STEP_S * rate * gpus / model_flops_per_token(spec, seq_len)
-        rule = f"about {HOST_STEP_S:g} s of matmul work per step on this CPU profile"
+        tokens = host_batch(spec, seq_len, gpus, profile, dtype) * seq_len
+        rule = f"an estimated step of about {HOST_STEP_S:g} s on this CPU profile (DDP over {gpus} processes)"
     else:
         tokens = min(TOKENS_PER_DEVICE * gpus, MAX_TOKENS_PER_STEP)
         rule = (f"{TOKENS_PER_DEVICE // 1024}k tokens per GPU as TorchTitan's Llama 3.1 runs, "
@@ -56,6 +54,29 @@ def default_global_batch(spec: ModelSpec, seq_len: int, gpus: int, profile: Clus
     batch = _power_of_two_at_most(max(1.0, tokens / seq_len))
     return batch, (f"global_batch = {batch:,} sequences ({batch * seq_len:,} tokens): {rule}; "
                    "plans whose dp*micro_batch does not divide it are rejected; set --global-batch to change it")
+
+
+def ddp_step_s(spec: ModelSpec, seq_len: int, gpus: int, profile: ClusterProfile, dtype: str, batch: int) -> float:
+    """The estimated step time of `batch` sequences under plain data parallelism over `gpus`
+    processes (one micro-batch a rank, no AC, no compile)."""
+    from meshplan.cost_models.estimate import estimate_plan
+    from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
+
+    plan = Plan(model=spec, cluster=profile.name, gpus=gpus,
+                training=TrainingSpec(seq_len=seq_len, global_batch=batch, micro_batch=batch // gpus, dtype=dtype),
+                parallel=ParallelSpec(dp_replicate=gpus, dp_shard=1, tp=1, sequence_parallel=False, async_tp=False,
+                                      pp=1, pp_schedule="1F1B", pp_virtual_stages=1, cp=1),
+                memory=MemorySpec(activation_checkpointing="none", float8=False, reshard_after_forward=False))
+    return estimate_plan(plan, profile).step_time_s
+
+
+def host_batch(spec: ModelSpec, seq_len: int, gpus: int, profile: ClusterProfile, dtype: str) -> int:
+    """Sequences whose estimated DDP step takes about HOST_STEP_S: the step is a fixed part plus a
+    part per sequence, read off the estimates at gpus and 8 * gpus sequences."""
+    b0, b1 = gpus, 8 * gpus
+    t0, t1 = (ddp_step_s(spec, seq_len, gpus, profile, dtype, b) for b in (b0, b1))
+    per_seq = max((t1 - t0) / (b1 - b0), 1e-12)
+    return max(gpus, int(b0 + (HOST_STEP_S - t0) / per_seq))
 
 
 def _power_of_two_at_most(x: float) -> int:

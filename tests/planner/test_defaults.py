@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from meshplan.planner.defaults import default_global_batch, default_seq_len, is_host_cpu
 from meshplan.planner.summary import differing_fields
 from meshplan.profiles.registry import load_profile
@@ -26,18 +28,20 @@ def test_gpu_batches_are_the_published_ones():
     assert default_global_batch(resolve_model("llama3-405b"), 8192, 32768, h100, "bf16")[0] == 2048
 
 
-def test_cpu_batch_is_about_a_second_of_matmul_work():
+@pytest.mark.parametrize("model, seq, gpus, dtype", [("tiny-4l", 256, 2, "fp32"), ("tiny-4l", 256, 2, "bf16"),
+                                                     ("small", 128, 4, "fp32"), ("small", 512, 4, "fp32")])
+def test_cpu_batch_is_the_largest_power_of_two_stepping_within_a_second(model, seq, gpus, dtype):
+    """Brute force over powers of two: the default is the largest whose estimated DDP step (the
+    whole step, not one matmul's rate) is at most HOST_STEP_S; the next one is over it."""
+    from meshplan.planner.defaults import HOST_STEP_S, ddp_step_s
+
     cpu = load_profile("cpu-gloo")
     assert is_host_cpu(cpu) and not is_host_cpu(load_profile("h100-80g-dgx"))
-    spec = resolve_model("tiny-4l")
-    batch, note = default_global_batch(spec, 256, 2, cpu, "fp32")
-    # By hand: model FLOPs per token of tiny-4l at seq 256 = 6 * (4 layers x (q,k,v,o: 64x64 + 2x 64x32
-    # + 64x64) + (3 x 64x128)) + 6 * 64 x 256 (head) + attention 4 layers x 6 x 2 x 256 x 64.
-    per_layer = 64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128
-    flops_per_token = 6 * (4 * per_layer + 64 * 256) + 4 * 6 * 2 * 256 * 64
-    seconds = batch * 256 * flops_per_token / (2 * 0.03 * 1e12)   # ~0.03 TFLOP/s per CPU process
-    assert 0.25 < seconds < 2.5, seconds      # a power of two below ~1 s of work, measured rate +-2x
-    assert batch & (batch - 1) == 0 and "per step on this CPU profile" in note
+    spec = resolve_model(model)
+    batch, note = default_global_batch(spec, seq, gpus, cpu, dtype)
+    fits = [b for b in (gpus * 2**i for i in range(14)) if ddp_step_s(spec, seq, gpus, cpu, dtype, b) <= HOST_STEP_S]
+    assert batch == (max(fits) if fits else gpus), (batch, fits)  # at least one sequence a process
+    assert batch & (batch - 1) == 0 and "estimated step of about 1 s" in note
 
 
 def _plan(order):
