@@ -85,6 +85,7 @@ def parser() -> ArgumentParser:
     ap.add_argument("--top", type=int, default=10, help="how many plans to rank and show (default 10)")
     ap.add_argument("--out", default="best.yaml", help="where to write the best plan (default best.yaml)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    ap.add_argument("--wide", action="store_true", help="the table with every field in its own column")
     ap.add_argument("--jobs", type=int, default=None,
                     help=f"processes to search on (default: the CPUs available, at most {DEFAULT_MAX_JOBS}; "
                          "1: no workers)")
@@ -129,7 +130,7 @@ def main(argv: list[str]) -> int:
                   sys.stdout, indent=2)
         print()
     else:
-        print_summary(result, profile, out, candidates, report)
+        print_summary(result, profile, out, candidates, report, wide=args.wide)
     return 0
 
 

@@ -11,11 +11,13 @@ from typing import Any
 
 from meshplan.cost_models.band import band_of
 from meshplan.cost_models.mfu import mfu
+from meshplan.numbers import significant
 from meshplan.cost_models.memory import GIB, STATE_BYTES
 from meshplan.planner.results import Candidate, SearchResult
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.outputs import candidates_path, search_counts_path
 from meshplan.specs.plan import Plan
+from meshplan.specs.plan_label import legend, plan_label
 from meshplan.yamlio import atomic_write_json, atomic_write_text
 
 
@@ -29,6 +31,7 @@ def candidate_row(c: Candidate, base: Plan, profile: ClusterProfile, rank: int |
             row[f"{section}.{k}"] = v if not isinstance(v, list) else ",".join(map(str, v))
     row["compile"] = plan.compile
     row["mesh_order"] = ",".join(c.order)
+    row["layout"] = plan_label(plan)
     lay = c.layout
     tokens = lay.global_batch * lay.seq_len / c.step_time_s / lay.gpus
     row.update(step_time_s=c.step_time_s, tokens_per_s_per_gpu=tokens, mfu=mfu(lay.spec, lay.seq_len, tokens, profile),
@@ -120,39 +123,50 @@ def format_gib(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
 
 
-def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, candidates: Path, report: Path | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
+def compact_rows(result: SearchResult) -> tuple[list[str], list[str]]:
+    """The top plans one line each (rank, tok/s/GPU, MFU, step s, its band, peak GiB, layout), and the
+    notes under them: the band's meaning, what the starred rows extrapolate, the layout's legend."""
+    plans = [c.to_plan(result.base_plan) for c in result.ranked]
+    labels = [plan_label(p) for p in plans]
+    header = f"{'#':>3} {'tok/s/GPU':>9} {'MFU':>6} {'step s':>7} {'band s':>11} {'GiB':>5}  layout"
+    lines, reasons = [header], []
+    for i, (c, plan, label) in enumerate(zip(result.ranked, plans, labels), 1):
+        e = c.estimate
+        band = band_of(plan, e)  # only for the plans shown
+        star = "*" if band.extrapolated else " "
+        if band.extrapolated and not reasons:
+            reasons.append(f"#{i}: {band.extrapolation.split(',')[0]}")
+        band_text = f"{significant(band.low_s)}-{significant(band.high_s)}{star}"
+        lines.append(f"{i:>3} {e.tokens_per_s_per_gpu:>9,.0f} {e.mfu:>6.1%} {significant(e.step_time_s, 4):>7} "
+                     f"{band_text:>11} {format_gib(e.peak_memory_gib):>5}  {label}")
+    notes = ["band: step time within the out-of-sample errors of the nearest published runs (validate --cross)"]
+    notes += [f"* extrapolated: beyond every published run of this device ({r}); `meshplan estimate` says how"
+              for r in reasons]
+    notes.append(legend(labels))
+    return lines, notes
 
-    console = Console(width=160)
+
+def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, candidates: Path, report: Path | None,
+                  wide: bool = False) -> None:
+    from rich.console import Console
+
+    console = Console(width=160 if wide else 120, highlight=False)
     base = result.base_plan
     for note in result.assumptions:
         console.print(f"[dim]assumed: {note}[/dim]")
     for w in result.warnings:
         console.print(f"[yellow]warning: {w}[/yellow]")
-    table = Table(title=f"{base.model.name} on {base.gpus} x {profile.device.name} ({profile.name}), "
-                        f"seq {result.ranked[0].layout.seq_len}, global batch {result.ranked[0].layout.global_batch}")
-    plans = [c.to_plan(base) for c in result.ranked]
-    extra = differing_fields(plans)
-    for col in ("#", "tok/s/GPU", "MFU (bf16 dense peak)", "step s", "step band s", "extrap.", "peak GiB", "dp_rep",
-                "dp_shard", "cp", "tp", "pp", "knobs", *extra):
-        table.add_column(col, justify="right" if col not in ("knobs", *extra) else "left")
-    extrapolated: list[str] = []
-    for i, (c, plan) in enumerate(zip(result.ranked, plans), 1):
-        e, lay = c.estimate, c.layout
-        band = band_of(plan, e)  # only for the plans shown
-        if band.extrapolated:
-            extrapolated.append(f"#{i}: {band.extrapolation}")
-        mfu = f"{e.mfu:.1%}" + (f" ({e.mfu_fp8:.1%} fp8)" if e.mfu_fp8 is not None else "")
-        flat = _flat_fields(plan)
-        table.add_row(str(i), f"{e.tokens_per_s_per_gpu:,.0f}", mfu, f"{e.step_time_s:.3f}",
-                      f"{band.low_s:.2f}-{band.high_s:.2f}", "YES" if band.extrapolated else "no",
-                      format_gib(e.peak_memory_gib), str(lay.dp_replicate), str(lay.dp_shard), str(lay.cp),
-                      str(lay.tp), str(lay.pp), _knobs(lay), *(flat.get(k, "") for k in extra))
-    console.print(table)
-    console.print("step band: the out-of-sample errors of the nearest published runs (meshplan validate --cross)")
-    for line in extrapolated:
-        console.print(f"[yellow]extrapolated {line}[/yellow]")
+    title = (f"{base.model.name} on {base.gpus} x {profile.device.name} ({profile.name}), "
+             f"seq {result.ranked[0].layout.seq_len}, global batch {result.ranked[0].layout.global_batch}")
+    if wide:
+        print_wide_table(console, result, title)
+    else:
+        lines, notes = compact_rows(result)
+        console.print(title, soft_wrap=True)
+        for line in lines:
+            console.print(line, soft_wrap=True, markup=False)
+        for note in notes:
+            console.print(f"[dim]{note}[/dim]")
     n = result.counts()
     console.print(f"searched {n['space']:,} plans in {result.search_time_s:.2f} s: {n['scored_exactly']:,} scored "
                   f"({n['simulated']:,} pipeline simulations on durations rounded to 1%, "
@@ -170,6 +184,35 @@ def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, cand
     if result.sac_ilp_check:
         console.print(f"selective AC choice checked with {result.sac_ilp_check}")
     console.print(f"wrote {out} and {candidates}" + (f" and {report}" if report else ""))
+
+
+def print_wide_table(console, result: SearchResult, title: str) -> None:
+    """Every field in its own column (`meshplan plan --wide`)."""
+    from rich.table import Table
+
+    base = result.base_plan
+    table = Table(title=title)
+    plans = [c.to_plan(base) for c in result.ranked]
+    extra = differing_fields(plans)
+    for col in ("#", "tok/s/GPU", "MFU (bf16 dense peak)", "step s", "step band s", "extrap.", "peak GiB", "dp_rep",
+                "dp_shard", "cp", "tp", "pp", "knobs", *extra):
+        table.add_column(col, justify="right" if col not in ("knobs", *extra) else "left")
+    extrapolated: list[str] = []
+    for i, (c, plan) in enumerate(zip(result.ranked, plans), 1):
+        e, lay = c.estimate, c.layout
+        band = band_of(plan, e)
+        if band.extrapolated:
+            extrapolated.append(f"#{i}: {band.extrapolation}")
+        mfu = f"{e.mfu:.1%}" + (f" ({e.mfu_fp8:.1%} fp8)" if e.mfu_fp8 is not None else "")
+        flat = _flat_fields(plan)
+        table.add_row(str(i), f"{e.tokens_per_s_per_gpu:,.0f}", mfu, f"{e.step_time_s:.3f}",
+                      f"{band.low_s:.2f}-{band.high_s:.2f}", "YES" if band.extrapolated else "no",
+                      format_gib(e.peak_memory_gib), str(lay.dp_replicate), str(lay.dp_shard), str(lay.cp),
+                      str(lay.tp), str(lay.pp), _knobs(lay), *(flat.get(k, "") for k in extra))
+    console.print(table)
+    console.print("step band: the out-of-sample errors of the nearest published runs (meshplan validate --cross)")
+    for line in extrapolated:
+        console.print(f"[yellow]extrapolated {line}[/yellow]")
 
 
 def what_would_fit(result: SearchResult, plan: Plan, profile: ClusterProfile, jobs: int | None = None) -> list[str]:
