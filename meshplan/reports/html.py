@@ -46,7 +46,8 @@ def render_table(table: Table) -> str:
     rows = []
     for label, row in frame.iterrows():
         cls = ' class="diff"' if label in table.highlight else ""
-        cells = "".join(f"<td>{escape(format_cell(v))}</td>" for v in row.values)
+        cells = "".join(f"<td>{escape(format_cell(v, label, col, table.title))}</td>"
+                        for col, v in zip(frame.columns, row.values))
         rows.append(f"<tr{cls}><th>{escape(str(label))}</th>{cells}</tr>")
     note = f'<p class="note">{escape(table.note)}</p>' if table.note else ""
     return (f"<h3>{escape(table.title)}</h3>\n<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n"

@@ -42,7 +42,7 @@ def render_table(table: Table) -> list[str]:
     out.append("| " + " | ".join(_cell(str(c)) for c in ["", *frame.columns]) + " |")
     out.append("|" + "---|" + "---:|" * len(frame.columns))
     for label, row in frame.iterrows():
-        cells = [_cell(format_cell(v)) for v in row.values]
+        cells = [_cell(format_cell(v, label, col, table.title)) for col, v in zip(frame.columns, row.values)]
         name = _cell(str(label))
         if label in table.highlight:
             name, cells = f"**{name}** ≠", [f"**{c}**" for c in cells]

@@ -10,7 +10,9 @@ import numpy as np
 import pandas as pd
 
 from meshplan.cost_models.band import band_of
+from meshplan.numbers import significant
 from meshplan.reports.inputs import RUN_METRICS, Config
+from meshplan.specs.plan_label import plan_label
 
 PLAN_SECTIONS = ("training", "parallel", "memory")
 SUMMARY_METRICS = {
@@ -35,6 +37,8 @@ def flatten_plan(config: Config) -> dict[str, Any]:
     """Plan fields named as in the planner's candidates CSV (`section.field`)."""
     plan = config.plan
     out: dict[str, Any] = {"model": plan.model.name, "cluster": plan.cluster, "gpus": plan.gpus}
+    if plan.is_complete():
+        out["layout"] = plan_label(plan)  # as the planner's table and candidates CSV write it
     for section in PLAN_SECTIONS:
         for key, value in asdict(getattr(plan, section)).items():
             out[f"{section}.{key}"] = scalar(value)
@@ -138,16 +142,26 @@ def run_table(config: Config) -> pd.DataFrame:
     })
 
 
-def format_cell(value: Any) -> str:
-    """Short human text for a table cell."""
+def format_cell(value: Any, row: Any = "", column: Any = "", title: str = "") -> str:
+    """Short human text for a table cell, by what its row, column and table say it is: MFU as a
+    percentage, tokens/s whole with separators, GiB and seconds to 3-4 significant digits, the
+    measured/predicted ratio as 0.95x; never scientific notation (the CSV keeps the raw values)."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "-"
     if isinstance(value, (bool, np.bool_)):
         return "yes" if value else "no"
-    if isinstance(value, float):
-        if value == 0:
-            return "0"
-        if abs(value) >= 1e5 or abs(value) < 1e-3:
-            return f"{value:.3e}"
-        return f"{value:.4g}"
-    return str(value)
+    if isinstance(value, (int, np.integer)):
+        return f"{int(value):,}"
+    if not isinstance(value, (float, np.floating)):
+        return str(value)
+    value = float(value)
+    name, col = str(row).lower(), str(column).lower()
+    if "/ predicted" in col:
+        return f"{value:.2f}x"
+    if any(k in name for k in ("mfu", "hfu", "fraction")):
+        return f"{value:.1%}"
+    if "tokens" in name or "flops" in name:
+        return f"{value:,.0f}"
+    if "gib" in name or "gib" in title.lower():
+        return significant(value, 3)
+    return significant(value, 4)

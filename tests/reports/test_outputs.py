@@ -89,7 +89,7 @@ def test_run_with_unknown_cluster_still_reports_measurements(run_dir, tmp_path):
     out = tmp_path / "r.md"
     assert cli_main(["report", str(run_dir), "-o", str(out)]) == 0
     text = out.read_text()
-    assert "no current estimate" in text and "| step_time_s | 2 | 1.6 | 1.25 |" in text
+    assert "no current estimate" in text and "| step_time_s | 2.000 | 1.600 | 1.25x |" in text
 
 
 @pytest.mark.parametrize("case", ["missing", "suffix", "empty_dir", "bad_jsonl", "bad_summary", "auto", "out_suffix"])
@@ -131,3 +131,17 @@ def test_load_inputs_names_are_unique(plan_files, tmp_path):
     assert len(set(names)) == 3
     with pytest.raises(InputError):
         load_inputs([])
+
+
+def test_report_cells_are_written_for_people():
+    """The HTML and Markdown reports' numbers: no scientific notation (was 1.239e+04, 0.02661, 6.735e-04)."""
+    from meshplan.reports.tables import format_cell
+
+    assert format_cell(12390.4, "tokens/s per GPU") == "12,390"
+    assert format_cell(0.02661, "MFU") == "2.7%"
+    assert format_cell(6.735e-4, "peak memory (GiB)") == "0.000674"
+    assert format_cell(73.456, "params", "pp rank 0", "Memory per rank (GiB): a") == "73.5"
+    assert format_cell(12.2417, "step_time_s") == "12.24"
+    assert format_cell(0.9512, "step_time_s", "measured / predicted") == "0.95x"
+    assert format_cell(8192, "training.seq_len") == "8,192"
+    assert format_cell(True, "fits") == "yes" and format_cell(None, "x") == "-"
