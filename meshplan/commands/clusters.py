@@ -6,8 +6,12 @@ from meshplan.commands.argparsing import ArgumentParser
 from meshplan.profiles.registry import list_profiles
 
 
+def parser() -> ArgumentParser:
+    return ArgumentParser(prog="meshplan clusters", description="List built-in cluster profiles.")
+
+
 def main(argv: list[str]) -> int:
-    ArgumentParser(prog="meshplan clusters", description="List built-in cluster profiles.").parse_args(argv)
+    parser().parse_args(argv)
     print(f"{'name':<16} {'device':<34} {'GiB':>6} {'bf16 TF':>8} {'GPU/node':>8}  links")
     for p in list_profiles():
         links = ", ".join(f"{l.name} {l.bandwidth_gbs:g} GB/s" for l in p.links)

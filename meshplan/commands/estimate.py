@@ -76,11 +76,15 @@ def _print_breakdown(plan: Plan, est: Estimate) -> None:
         print("placement: " + ", ".join(f"{k} -> {v}" for k, v in est.placement.items()))
 
 
-def main(argv: list[str]) -> int:
+def parser() -> ArgumentParser:
     ap = ArgumentParser(prog="meshplan estimate", description="Estimate step time, throughput, MFU and memory of a plan.")
     ap.add_argument("--plan", required=True, help="plan file (YAML)")
     ap.add_argument("--json", action="store_true", help="print one JSON object (the estimate contract)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     plan = load_plan(args.plan)
     profile = load_profile(plan.cluster)
     notes: list[str] = []

@@ -26,7 +26,7 @@ __all__ = ["main", "check_profile_versions"]
 MIN_BUDGET_S = 20.0  # torchrun start-up alone takes 10-20 s on a busy 2-core host
 
 
-def build_parser() -> ArgumentParser:
+def parser() -> ArgumentParser:
     p = ArgumentParser(prog="meshplan profile-cluster", description=__doc__.splitlines()[0])
     p.add_argument("--nproc", help="processes (devices) on this node; default: GPUs, or CPU cores")
     p.add_argument("--quick", action="store_true", help="fewer shapes and sizes up to 32 MiB (about a minute on CPU)")
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
     started = time.time()  # the budget covers everything from here, torch import and torchrun start-up included
     from meshplan.bench.launch import in_torchrun, launch
 
-    args = build_parser().parse_args(argv)
+    args = parser().parse_args(argv)
     budget = _budget(args.time_budget)
     max_nodes = _positive_int(args.max_nodes, "--max-nodes")
     node_link = _level_name(args.node_link, "--node-link") if args.node_link else None

@@ -13,12 +13,16 @@ Each INPUT is a plan file (estimated with the cost model), a planner output (a p
 sibling <stem>.candidates.csv), or a run directory (metrics.jsonl + summary.json)."""
 
 
+def parser() -> ArgumentParser:
+    ap = ArgumentParser(prog="meshplan report", description=DESCRIPTION)
+    ap.add_argument("inputs", nargs="+", metavar="INPUT", help="plan file, planner output or run directory")
+    ap.add_argument("-o", "--output", required=True, help="report path: .html (self-contained), .md (+ <stem>_files/) or .csv")
+    ap.add_argument("--title", default="meshplan report", help="report title")
+    return ap
+
+
 def main(argv: list[str]) -> int:
-    parser = ArgumentParser(prog="meshplan report", description=DESCRIPTION)
-    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="plan file, planner output or run directory")
-    parser.add_argument("-o", "--output", required=True, help="report path: .html (self-contained), .md (+ <stem>_files/) or .csv")
-    parser.add_argument("--title", default="meshplan report", help="report title")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     out = Path(args.output)
     output_format(out)
     configs = load_inputs(args.inputs)

@@ -30,7 +30,7 @@ SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-
 MAX_SEED = 2**31 - 1
 
 
-def build_parser() -> ArgumentParser:
+def parser() -> ArgumentParser:
     ap = ArgumentParser(prog="meshplan run", description="Execute a plan with native PyTorch distributed APIs.")
     ap.add_argument("--plan", required=True, help="plan YAML (e.g. best.yaml)")
     ap.add_argument("--steps", type=int, default=10, help="optimizer steps to run (default 10)")
@@ -213,7 +213,7 @@ def _profile_devices(plan: Plan) -> int:
 
 def parse(argv: list[str]) -> RunRequest:
     """Parse and validate everything that can be checked before launching processes."""
-    args = build_parser().parse_args(argv)
+    args = parser().parse_args(argv)
     plan = load_plan(args.plan)
     # Refused here, before launch, for this machine's backend (sbatch: checked on the nodes).
     check_runnable(plan, None if args.slurm else local_device_type())

@@ -9,13 +9,17 @@ from meshplan.cost_models.published_comm import USED_ELSEWHERE
 from meshplan.cost_models.validate import METRIC_UNITS, table_groups, validation_results
 
 
-def main(argv: list[str]) -> int:
+def parser() -> ArgumentParser:
     ap = ArgumentParser(prog="meshplan validate", description="Predicted vs published measurements.")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--constants", action="store_true", help="every cost-model constant: value, source, and MAPE at its physical default")
     ap.add_argument("--cross", action="store_true", help="refit the fitted constants with each published table left out")
     ap.add_argument("--save", action="store_true", help="with --cross: write the out-of-sample errors the estimate bands use")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
     if args.constants or args.cross:
         from meshplan.cost_models.crossval import constants_text, cross_report
         print("\n\n".join(f() for f, on in ((constants_text, args.constants),
