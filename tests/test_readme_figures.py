@@ -21,7 +21,8 @@ def table_rows(heading: str) -> list[list[str]]:
 def test_every_quoted_figure_is_in_its_committed_output():
     rows = table_rows("Accuracy and speed")
     assert len(rows) >= 6
-    for what, figure, command, output in rows:
+    for what, figure, command, output, commit in rows:
+        assert re.fullmatch(r"[0-9a-f]{7}", commit), (what, commit)  # the commit the output was made at
         path = ROOT / output.strip("`")
         assert path.is_file(), (what, output)
         number = re.sub(r"\s*s$", "", figure)  # "2.53 s": the output writes the unit its own way
