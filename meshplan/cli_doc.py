@@ -1,5 +1,5 @@
 """docs/cli.md, generated from the commands' own argument parsers (tests/test_cli_doc.py fails when
-the committed file is not what this writes):  python -m meshplan.commands.cli_doc > docs/cli.md"""
+the committed file is not what this writes):  python -m meshplan.cli_doc > docs/cli.md"""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def cli_markdown() -> str:
     os.environ["COLUMNS"] = WIDTH
     try:
         parts = ["# Command-line reference", "",
-                 "Generated from the argument parsers by `python -m meshplan.commands.cli_doc > docs/cli.md`; "
+                 "Generated from the argument parsers by `python -m meshplan.cli_doc > docs/cli.md`; "
                  "`meshplan COMMAND --help` prints the same.", ""]
         parts += [f"- [`meshplan {name}`](#meshplan-{name}): {summary}" for name, (_, summary) in COMMANDS.items()]
         for name, (module, summary) in COMMANDS.items():
