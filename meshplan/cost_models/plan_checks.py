@@ -3,7 +3,7 @@ cannot judge. `estimate` and `run` refuse what fails, in one line naming the fie
 
 from __future__ import annotations
 
-from meshplan.cost_models.estimate import DEFAULT_MESH_ORDER, group_spans, placement_of
+from meshplan.cost_models.estimate import group_spans, placement_of, plan_order
 from meshplan.cost_models.layout import layout_of
 from meshplan.errors import InputError
 from meshplan.profiles.schema import ClusterProfile
@@ -24,8 +24,7 @@ def float8_reason(float8: bool, prof: ClusterProfile) -> str | None:
 def mesh_placement(plan: Plan, prof: ClusterProfile) -> dict[str, str]:
     """The link level each parallel group of the plan runs over on this cluster, as its mesh_order
     lays the ranks out (what the estimate prices)."""
-    order = tuple(plan.mesh_order or DEFAULT_MESH_ORDER)
-    return placement_of(group_spans(layout_of(plan), prof, order), prof)
+    return placement_of(group_spans(layout_of(plan), prof, plan_order(plan)), prof)
 
 
 def check_placement(plan: Plan, prof: ClusterProfile) -> None:
@@ -35,7 +34,7 @@ def check_placement(plan: Plan, prof: ClusterProfile) -> None:
         return
     levels = [link.name for link in prof.links]
     actual = mesh_placement(plan, prof)
-    order = plan.mesh_order or list(DEFAULT_MESH_ORDER)
+    order = list(plan_order(plan))
     for dim, level in plan.placement.items():
         if level not in levels:
             raise InputError(f"placement.{dim}", f"must be one of {prof.name}'s link levels ({', '.join(levels)}), "

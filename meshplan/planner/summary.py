@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.cost_models.band import band_of
+from meshplan.cost_models.memory import GIB, STATE_BYTES
 from meshplan.cost_models.mfu import mfu
 from meshplan.numbers import significant
-from meshplan.cost_models.memory import GIB, STATE_BYTES
 from meshplan.planner.results import Candidate, SearchResult
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.outputs import candidates_path, search_counts_path

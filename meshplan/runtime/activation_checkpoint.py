@@ -73,7 +73,6 @@ def sac_context_fn(kinds: tuple[str, ...], saved: frozenset[str]) -> Callable[[]
 
         return create_selective_checkpoint_contexts(policy)
 
-    context_fn.saved_kinds = saved  # what the plan asked for, readable without running it
     return context_fn
 
 

@@ -105,15 +105,15 @@ def local_indices(param: torch.Tensor) -> list[torch.Tensor]:
 @torch.no_grad()
 def fill_normal(local: torch.Tensor, key: int, indices: list[torch.Tensor], shape: tuple[int, ...], std: float) -> None:
     """Write the draws of `local`'s elements (global indices per dim) into it, dim-0 rows at a time."""
+    if local.dim() == 0:
+        local.copy_(counter_normal(key, torch.zeros((), dtype=torch.int64, device=local.device)) * std)
+        return
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     inner = None
     for d in range(1, len(shape)):
         term = (indices[d] * strides[d]).view([-1 if i == d else 1 for i in range(1, len(shape))])
         inner = term if inner is None else inner + term
-    rows_per_chunk = max(1, CHUNK // max(1, local[0].numel() if local.dim() else 1))
-    if local.dim() == 0:
-        local.copy_(counter_normal(key, torch.zeros((), dtype=torch.int64, device=local.device)) * std)
-        return
+    rows_per_chunk = max(1, CHUNK // max(1, local[0].numel()))
     for start in range(0, local.shape[0], rows_per_chunk):
         rows = indices[0][start:start + rows_per_chunk] * strides[0]
         flat = rows.view([-1] + [1] * (len(shape) - 1))
@@ -144,7 +144,7 @@ def init_value(fqn: str, shape: torch.Size, spec: ModelSpec, seed: int) -> torch
     out = torch.empty(tuple(shape))
     kind, std = init_kind(fqn, spec)
     if kind == "normal":
-        fill_normal(out, stream_key(seed, fqn), [torch.arange(n) for n in shape], tuple(shape), std)
+        fill_normal(out, stream_key(seed, fqn), local_indices(out), tuple(shape), std)
     else:
         out.fill_(0.0 if kind == "zeros" else 1.0)
     return out

@@ -68,25 +68,16 @@ def uses_fully_shard(fsdp_size: int, dp_replicate: int, dtype: str) -> bool:
     return fsdp_size > 1 or (dp_replicate == 1 and dtype != "fp32")
 
 
-def moot_field_notes(plan: Plan) -> list[tuple[str, str]]:
-    """(field, note) for each field a complete plan sets that its layout makes moot, which `estimate`
-    and `run` treat as its neutral value and say so (normalise_moot_fields)."""
+def normalise_moot_fields(plan: Plan) -> list[str]:
+    """Set the fields of a complete plan that its layout makes moot to their neutral value, which
+    `estimate` and `run` then use; one line per change, for them to say."""
     p, mem = plan.parallel, plan.memory
-    out = []
+    notes = []
     if mem.reshard_after_forward is True and not uses_fully_shard(p.dp_shard * p.cp, p.dp_replicate,
                                                                   str(plan.training.dtype)):
-        out.append(("memory.reshard_after_forward",
-                    "true has no effect without FSDP (dp_shard*cp = 1 and DDP or fp32): run and estimated as false"))
-    return out
-
-
-def normalise_moot_fields(plan: Plan) -> list[str]:
-    """Set the moot fields of a complete plan to their neutral value; one line per change."""
-    notes = []
-    for field_name, note in moot_field_notes(plan):
-        if field_name == "memory.reshard_after_forward":
-            plan.memory.reshard_after_forward = False
-        notes.append(f"{field_name}: {note}")
+        mem.reshard_after_forward = False
+        notes.append("memory.reshard_after_forward: true has no effect without FSDP (dp_shard*cp = 1 and DDP or "
+                     "fp32): run and estimated as false")
     return notes
 
 
