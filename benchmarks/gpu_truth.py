@@ -171,10 +171,13 @@ def run(path: Path, run_dir: Path, steps: int) -> Ran:
     """One `meshplan run`, with Dynamo's graph breaks logged (TORCH_LOGS=graph_breaks) and counted."""
     try:
         res = meshplan("run", "--plan", str(path), "--steps", str(steps), "--out", str(run_dir), "--quiet",
+                       "--no-final-checkpoint",
                        env={"TORCH_LOGS": "graph_breaks"})
     except subprocess.TimeoutExpired:
         return Ran(None, f"timed out after {RUN_TIMEOUT_S} s", False, 0)
     text = res.stdout + res.stderr
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "log.txt").write_text(text)  # the whole log, for a failure the table's last line cannot explain
     oom = "out of memory" in text.lower() or "OutOfMemoryError" in text
     breaks = sum("Graph break" in line for line in text.splitlines())
     summary = run_dir / "summary.json"
@@ -324,6 +327,10 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--global-batch", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None, help="steps per run (default 12, 6 with --quick)")
+    ap.add_argument("--top", type=int, default=None, help="planner picks to run (default 5, 3 with --quick)")
+    ap.add_argument("--variants", nargs="*", default=None,
+                    help="only these forced variants, as key=value (e.g. activation_checkpointing=full float8=False)")
+    ap.add_argument("--work", default=None, help="keep plans, run logs and summaries here (default: a temp folder)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="no new run starts after this many seconds")
     return ap.parse_args()
 
@@ -332,7 +339,7 @@ def main() -> int:
     args = parse()
     t0 = time.time()
     out = Path(args.out)
-    work = Path(tempfile.mkdtemp(prefix="gpu_truth-"))
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="gpu_truth-"))
     setup = detect(args, work)
     models = args.models or (["llama3.2-1b"] if args.quick else ["llama3.2-1b", "llama3.2-3b", "llama3-8b"])
     steps = args.steps or (6 if args.quick else 12)
@@ -345,11 +352,14 @@ def main() -> int:
     fp8 = "fp8" in load_profile(setup.cluster).device.peak_tflops  # float8 variants only where it runs
     results: list[Result] = []
     for model in models:
-        top = planner_top(model, setup, args, work, 3 if args.quick else 5)
+        top = planner_top(model, setup, args, work, args.top or (3 if args.quick else 5))
         if not top:
             continue
         # The pick, its AC x compile variants (each beside its eager twin), then the other picks.
-        candidates = top[:1] + variants(top[0][1], fp8, args.quick) + top[1:]
+        forced = variants(top[0][1], fp8, args.quick)
+        if args.variants is not None:
+            forced = [(label, plan) for label, plan in forced if label.split(" ", 1)[1] in args.variants]
+        candidates = top[:1] + forced + top[1:]
         seen: dict[str, Result] = {}
         for label, plan in candidates:
             twin = eager_twin(plan)

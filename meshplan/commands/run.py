@@ -41,6 +41,8 @@ def parser() -> ArgumentParser:
     ap.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint in --out "
                                                           "(written under this or any other plan of the same model)")
     ap.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K steps (and always at the end)")
+    ap.add_argument("--no-final-checkpoint", action="store_true",
+                    help="write no checkpoint at the end (a measurement run: 3B with AdamW is 38 GB on disk)")
     ap.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     ap.add_argument("--warmup-steps", type=int, default=None, help="LR warm-up steps (default steps/10, at least 1)")
     ap.add_argument("--max-grad-norm", type=float, default=1.0, help="gradient clipping norm (default 1.0)")
@@ -122,6 +124,7 @@ def run_options(args, plan: Plan) -> RunOptions:
         raise InputError("--out", f"{args.out} exists and is not a directory")
     return RunOptions(steps=args.steps, data=args.data, data_dtype=args.data_dtype, out=args.out, seed=args.seed,
                       resume=args.resume, checkpoint_every=args.checkpoint_every, lr=args.lr,
+                      final_checkpoint=not args.no_final_checkpoint,
                       warmup_steps=args.warmup_steps, max_grad_norm=args.max_grad_norm,
                       timing_warmup=args.timing_warmup, track_memory=args.track_memory, quiet=args.quiet,
                       profile_steps=args.profile_steps)

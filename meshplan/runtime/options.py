@@ -20,6 +20,7 @@ class RunOptions:
     seed: int = 0
     resume: bool = False
     checkpoint_every: int = 0        # 0: only at the end (when --out is given)
+    final_checkpoint: bool = True    # False: a measurement run, which need not write weights and moments
     lr: float = 1e-3
     min_lr_ratio: float = 0.1        # cosine decays to lr * min_lr_ratio
     warmup_steps: int | None = None  # LR warm-up; None: max(1, steps // 10)
@@ -49,6 +50,8 @@ class RunOptions:
             argv += ["--warmup-steps", str(self.warmup_steps)]
         if self.resume:
             argv.append("--resume")
+        if not self.final_checkpoint:
+            argv.append("--no-final-checkpoint")
         if self.quiet:
             argv.append("--quiet")
         return argv

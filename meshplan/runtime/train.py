@@ -223,7 +223,7 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
         if out and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0 and step + 1 < opts.steps:
             checkpoint.save(out, trainer.model.parts, trainer.optimizers, trainer.schedulers, step + 1, step + 1, meta)
         maybe_fail("kill_after_step", dist.get_rank(), step + 1)
-    if out and start < opts.steps:
+    if out and opts.final_checkpoint and start < opts.steps:
         checkpoint.save(out, trainer.model.parts, trainer.optimizers, trainer.schedulers, opts.steps, opts.steps, meta)
     return log.rows
 
