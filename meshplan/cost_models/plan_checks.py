@@ -8,6 +8,7 @@ from meshplan.cost_models.layout import layout_of
 from meshplan.errors import InputError
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import Plan
+from meshplan.specs.rules import float8_compile_reason
 
 
 def float8_reason(float8: bool, prof: ClusterProfile) -> str | None:
@@ -47,7 +48,8 @@ def check_placement(plan: Plan, prof: ClusterProfile) -> None:
 
 
 def check_against_profile(plan: Plan, prof: ClusterProfile) -> None:
-    why = float8_reason(bool(plan.memory.float8), prof)
+    why = float8_reason(bool(plan.memory.float8), prof) or float8_compile_reason(bool(plan.memory.float8),
+                                                                                   bool(plan.compile))
     if why:
         raise InputError("memory.float8", why)
     check_placement(plan, prof)

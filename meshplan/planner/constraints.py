@@ -5,7 +5,7 @@ from __future__ import annotations
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES
-from meshplan.specs.rules import COMPILE_UNTRACEABLE, MICROBATCHES, SAC_SPLIT_BACKWARD
+from meshplan.specs.rules import COMPILE_UNTRACEABLE, FLOAT8_UNCOMPILED, MICROBATCHES, SAC_SPLIT_BACKWARD
 
 TP_NODE = "tp > devices per node"
 TP_DIVIDES = "tp does not divide heads / kv heads / ffn"
@@ -19,7 +19,7 @@ NO_FIT = "does not fit in memory"
 SIM_FAILED = "pipeline simulator failed"
 # The runtime's rules (specs/rules.py) are counted like the planner's own.
 REASONS = (TP_NODE, TP_DIVIDES, CP_SEQ, SP_SEQ, PP_LAYERS, SCHEDULE_V, SPLIT, BATCH, MICROBATCHES, SAC_SPLIT_BACKWARD,
-           COMPILE_UNTRACEABLE, NO_FIT)
+           COMPILE_UNTRACEABLE, FLOAT8_UNCOMPILED, NO_FIT)
 
 
 def mesh_reason(spec: ModelSpec, prof: ClusterProfile, seq_len: int, tp: int, cp: int) -> str | None:

@@ -17,7 +17,7 @@ from meshplan.planner.pool import Pool
 from meshplan.planner.space import SAC_ILP, Mesh, Space
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import SAC_OPS
-from meshplan.specs.rules import COMPILE_UNTRACEABLE
+from meshplan.specs.rules import COMPILE_UNTRACEABLE, FLOAT8_UNCOMPILED, float8_compile_reason
 
 
 class Pruning:
@@ -74,8 +74,12 @@ class Pruning:
                 continue
             for (ac, sac), f8, reshard in itertools.product(s.ac_options(), s.float8_options(), s.reshard_options(m)):
                 compiles = s.runnable_compiles(m.tp, m.cp, ac)
-                kept = len(compiles) * len(s.async_options(m.tp))
-                pool.reject(COMPILE_UNTRACEABLE, n_sched * (variants - kept))
+                n_async = len(s.async_options(m.tp))
+                pool.reject(COMPILE_UNTRACEABLE, n_sched * (variants - len(compiles) * n_async))
+                eager_f8 = [c for c in compiles if float8_compile_reason(f8, c)]
+                pool.reject(FLOAT8_UNCOMPILED, n_sched * len(eager_f8) * n_async)
+                compiles = [c for c in compiles if c not in eager_f8]
+                kept = len(compiles) * n_async
                 if not compiles:
                     continue
                 # The class's layout takes the fastest variant the rules leave (compile when it may).

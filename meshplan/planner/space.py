@@ -206,7 +206,8 @@ class Space:
 
     @memoized
     def float8_options(self) -> list[bool]:
-        ok = self.profile.supports_float8() and self.dtype == "bf16"
+        # Only where it may compile: uncompiled float8 is refused (specs/rules.float8_compile_reason).
+        ok = self.profile.supports_float8() and self.dtype == "bf16" and True in self.compile_options()
         return self._opts("memory.float8", self.plan.memory.float8, [False, True] if ok else [False])
 
     @memoized

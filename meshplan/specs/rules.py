@@ -181,6 +181,23 @@ def float8_device_reason(float8: bool, device_type: str, capability: tuple[int, 
     return None
 
 
+FLOAT8_UNCOMPILED = "float8 without compile on a GPU"
+
+
+def float8_compile_reason(float8: bool, compile_: bool) -> str | None:
+    """Why float8 may not run uncompiled on a GPU, or None. Without compile torchao's dynamic-scaling
+    casts (amax, scale, cast, transpose per operand of every matmul) run as separate kernels and
+    through a tensor subclass's Python dispatch: slower than bf16, not faster. Measured: llama3.2-3b
+    on one H200, eager float8 1.689 s/step against eager bf16 0.875 s and compiled float8 0.633 s
+    (benchmarks/results/gpu_truth-NVIDIA_H200-2026-11-26-3b-*.md); torchao's own report, an FFN on an
+    L20, eager float8 1.1-3.4x slower than fp16 (pytorch/ao#685). A CPU's emulated float8 is for
+    numerics only and is not refused (float8_device_reason)."""
+    if float8 and not compile_:
+        return ("true needs compile: true on a GPU: uncompiled, torchao's float8 casts run unfused and the "
+                "step is slower than bf16 (measured 1.9x on H200); set compile: true or float8: false")
+    return None
+
+
 def profile_backend(provenance: dict[str, Any] | None) -> str:
     """The backend a cluster profile describes: the one its benchmark world recorded
     (profile-cluster writes provenance.world.backend); built-in GPU profiles record none: NCCL."""

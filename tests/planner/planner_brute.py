@@ -25,8 +25,8 @@ from meshplan.planner.placement import candidate_orders
 from meshplan.planner.stage_split import balanced_split
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS, Plan, plan_from_dict
-from meshplan.specs.rules import (ac_schedule_reason, async_tp_reason, compile_reason, microbatch_reason, uses_fully_shard,
-                                  profile_backend)
+from meshplan.specs.rules import (ac_schedule_reason, async_tp_reason, compile_reason, float8_compile_reason,
+                                  microbatch_reason, profile_backend, uses_fully_shard)
 
 SINGLE = ("GPipe", "1F1B")
 VSHAPED = ("ZBVZeroBubble", "DualPipeV")
@@ -118,7 +118,8 @@ def enumerate_space(plan: Plan, prof, global_batch: int, all_sac_subsets: bool =
     spec, p, t, mem = plan.model, plan.parallel, plan.training, plan.memory
     seq = t.seq_len
     dtype = t.dtype if t.dtype != AUTO else "bf16"
-    f8_ok = prof.supports_float8() and dtype == "bf16"
+    # float8 only where it may compile (uncompiled float8 is refused on a GPU: specs/rules.py).
+    f8_ok = prof.supports_float8() and dtype == "bf16" and plan.compile in (AUTO, True)
     subsets = [tuple(s) for r in range(len(SAC_OPS) + 1) for s in itertools.combinations(SAC_OPS, r)]
     for dr, ds, cp, tp, pp in factorisations(plan.gpus, 5):
         fixed = dict(dp_replicate=p.dp_replicate, dp_shard=p.dp_shard, cp=p.cp, tp=p.tp, pp=p.pp)
@@ -178,7 +179,8 @@ def enumerate_space(plan: Plan, prof, global_batch: int, all_sac_subsets: bool =
                             scheds.append((s, v))
             for sp, at, (ac, sac), f8, rs, comp, (sched, v), order in itertools.product(
                     sps, asyncs, acs, f8s, reshards, compiles, scheds, orders):
-                if ac_schedule_reason(pp, sched, ac) or compile_reason(comp, tp, cp, ac, profile_backend(prof.provenance)):
+                if (ac_schedule_reason(pp, sched, ac) or compile_reason(comp, tp, cp, ac, profile_backend(prof.provenance))
+                        or float8_compile_reason(f8, comp)):
                     continue
                 lay = probe.with_(micro_batch=mb, sp=sp and tp > 1, async_tp=at, ac=ac, sac_ops=sac, float8=f8,
                                   reshard_after_forward=rs, compile=comp, schedule=sched, v=v,

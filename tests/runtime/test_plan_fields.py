@@ -377,6 +377,10 @@ ISSUE_EXAMPLES = {
                              "placement.dp_shard"),
     "float8 on an A100": ({"model": "llama3-8b", "cluster": "a100-80g-dgx", "parallel__dp_shard": 8,
                            "training__dtype": "bf16", "training__global_batch": 16, "memory__float8": True}, "memory.float8"),
+    # Uncompiled float8 on an H100: slower than bf16 there (specs/rules.float8_compile_reason).
+    "float8 uncompiled on an H100": ({"model": "llama3-8b", "cluster": "h100-80g-dgx", "parallel__dp_shard": 8,
+                                      "training__dtype": "bf16", "training__global_batch": 16, "memory__float8": True,
+                                      "compile": False}, "memory.float8"),
 }
 
 
