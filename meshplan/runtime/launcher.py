@@ -23,6 +23,19 @@ WORKER_ARGV = ("-m", "meshplan", "run")
 # per-attempt key prefix: restarted workers read the dead attempt's gloo/NCCL addresses and hang in
 # init_process_group. Unshared, rank 0 of each attempt hosts a fresh store on a fresh port.
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+# The CUDA caching allocator as TorchTitan runs it (run_train.sh: PYTORCH_ALLOC_CONF=expandable_segments:True),
+# the runs the memory model's allocator slack was fitted on (overheads.memory_fragmentation). Without it a
+# 3B step on one H200 reserved 23 % over its peak allocation (benchmarks/results/gpu_truth-NVIDIA_H200-
+# 2026-11-26-3b-*.md), far above the fitted slack. A user's own setting, under either name, wins.
+ALLOCATOR_ENV = {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+ALLOCATOR_ENV_NAMES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def worker_env(environ: dict[str, str]) -> dict[str, str]:
+    """The environment torchrun and its workers get: the caller's, the store setting, and the
+    allocator setting unless the caller chose one."""
+    allocator = {} if any(name in environ for name in ALLOCATOR_ENV_NAMES) else ALLOCATOR_ENV
+    return {**environ, **TORCHRUN_ENV, **allocator}
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,7 @@ def launch(launch_opts: LaunchOptions, worker_argv: list[str]) -> int:
     """Run torchrun in a child process and return its exit code. SIGTERM / SIGHUP / SIGINT sent to
     `meshplan run` are passed on to torchrun, which stops its workers before exiting (killing
     torchrun outright would leave the workers running)."""
-    proc = subprocess.Popen(torchrun_command(launch_opts, worker_argv), env={**os.environ, **TORCHRUN_ENV})
+    proc = subprocess.Popen(torchrun_command(launch_opts, worker_argv), env=worker_env(dict(os.environ)))
     # signal handlers can only be installed from the main thread
     forwarded = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT) if threading.current_thread() is threading.main_thread() else ()
     previous = {sig: signal.signal(sig, lambda signum, _frame: proc.send_signal(signum)) for sig in forwarded}

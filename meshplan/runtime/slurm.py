@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from meshplan.runtime.launcher import TORCHRUN_ENV, WORKER_ARGV
+from meshplan.runtime.launcher import ALLOCATOR_ENV, ALLOCATOR_ENV_NAMES, TORCHRUN_ENV, WORKER_ARGV
 
 DEFAULT_RDZV_PORT = 29500
 
@@ -43,6 +43,7 @@ def sbatch_script(s: SlurmOptions, python: str, worker_argv: list[str], header: 
                 '--rdzv-endpoint="${head_node}:${rdzv_port}"', '--rdzv-id="${SLURM_JOB_ID}"',
                 f"--max-restarts={s.max_restarts}", *WORKER_ARGV]
     worker = " ".join(shlex.quote(a) for a in worker_argv)
+    chosen = "".join(f"${{{name}:-}}" for name in ALLOCATOR_ENV_NAMES)  # empty unless the job set one
     return "\n".join([
         "#!/bin/bash",
         "# " + " ".join(header.split()),  # one comment line whatever the plan path holds
@@ -59,6 +60,8 @@ def sbatch_script(s: SlurmOptions, python: str, worker_argv: list[str], header: 
         "# One torchrun agent per node; torchrun starts the workers and assigns global ranks.",
         "# A fresh store per attempt, so --max-restarts can restart the workers (see launcher.py).",
         *(f"export {k}={v}" for k, v in TORCHRUN_ENV.items()),
+        "# The CUDA allocator as TorchTitan runs it, unless the job's environment sets one (launcher.py).",
+        *(f'[ -n "{chosen}" ] || export {k}={v}' for k, v in ALLOCATOR_ENV.items()),
         f"srun --nodes={s.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
         "  " + " ".join(torchrun) + " \\",
         "  " + worker,

@@ -95,11 +95,17 @@ def write_summary(plan: Plan, opts: RunOptions, rows, device: torch.device, back
         "run": {"steps": opts.steps, "seed": opts.seed, "data": opts.data, "world_size": dist.get_world_size(),
                 "device": device.type, "backend": backend, "timing_warmup": opts.timing_warmup,
                 "dtype": str(plan.training.dtype), "memory_measure": memory_measure(plan, device),
+                "allocator_conf": allocator_conf(),
                 "notes": notes},
         "versions": {"meshplan": meshplan.__version__, "torch": torch.__version__, "python": platform.python_version(),
                      "torchao": _version("torchao")},
     }
     atomic_write_json(os.path.join(opts.out, "summary.json"), summary)
+
+
+def allocator_conf() -> str | None:
+    """The CUDA caching allocator's settings this worker runs under (launcher.worker_env sets them)."""
+    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
 
 
 def _version(dist_name: str) -> str | None:

@@ -68,6 +68,10 @@ def test_run_writes_metrics_summary_and_resumes_exactly(tmp_path):
     assert "reserved: null" in summary["run"]["memory_measure"]
     assert summary["measured"]["steps_in_median"] == [3, 4, 5, 6]
     assert summary["run"]["dtype"] == "bf16"
+    # The workers ran under TorchTitan's allocator setting (launcher.worker_env), unless this
+    # environment chose its own, which wins.
+    own = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    assert summary["run"]["allocator_conf"] == (own or "expandable_segments:True")
     assert summary["plan"]["parallel"]["dp_shard"] == 2 and summary["versions"]["torch"]
     # The prediction beside the measurements is `meshplan estimate`'s for this very plan (bf16,
     # on its cluster profile), not a re-estimate at another dtype.

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -48,6 +49,14 @@ def test_slurm_script(tmp_path, plans, capsys):
         assert f"#SBATCH {directive}" in lines
     assert 'scontrol show hostnames "$SLURM_JOB_NODELIST"' in script and 'head_node="${nodes[0]}"' in script
     assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in lines  # restarts need a fresh store (launcher.py)
+    # The allocator line, run by bash: TorchTitan's setting, unless the job's environment has one.
+    line = next(x for x in lines if "ALLOC_CONF" in x and not x.startswith("#"))
+    for preset, expected in (({}, "expandable_segments:True"), ({"PYTORCH_CUDA_ALLOC_CONF": "x"}, ""),
+                             ({"PYTORCH_ALLOC_CONF": "y"}, "y")):
+        env = {k: v for k, v in os.environ.items() if "ALLOC_CONF" not in k} | preset
+        got = subprocess.run(["bash", "-euc", f'{line}; echo "${{PYTORCH_ALLOC_CONF:-}}"'], capture_output=True,
+                             text=True, timeout=30, env=env)
+        assert got.stdout.strip() == expected, (preset, got.stderr)
     srun = script[script.index("srun "):]
     for part in ("--ntasks-per-node=1", "-m torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
                  "--rdzv-backend=c10d", '--rdzv-endpoint="${head_node}:${rdzv_port}"', '--rdzv-id="${SLURM_JOB_ID}"',
