@@ -13,7 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from meshplan.errors import InputError
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.rules import model_priced_reason
 
 @dataclass(frozen=True)
 class SeqLayout:
@@ -164,7 +166,11 @@ class Transformer(nn.Module):
 
 
 def build_model(spec: ModelSpec, device: str | torch.device = "meta") -> Transformer:
-    """Build the whole model (on meta by default: no memory until materialised after sharding)."""
+    """Build the whole model (on meta by default: no memory until materialised after sharding). Only
+    the dense GQA blocks this file defines: anything else is refused rather than built as something else."""
+    why = model_priced_reason(spec)
+    if why:
+        raise InputError("model", why)
     with torch.device(device):
         return Transformer(spec)
 

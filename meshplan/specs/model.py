@@ -1,4 +1,5 @@
-"""ModelSpec: the shape of a decoder-only transformer, and its exact parameter count."""
+"""ModelSpec: the shape of a decoder-only transformer, dense or mixture-of-experts, and its exact
+parameter count (total, and active: what one token runs)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,20 @@ from typing import Any
 
 from meshplan.errors import InputError
 from meshplan.fields import as_bool, as_choice, as_float, as_int, as_str, reject_unknown, require_mapping
+from meshplan.specs.moe import MLASpec, MoESpec
 
 ARCHS = ("llama", "gpt")
+# Fields a dense GQA model leaves at their defaults; to_dict omits them there, so dense specs read as before.
+OPTIONAL_FIELDS = {"attention_head_dim": None, "qk_norm": False, "attention_bias": False, "attention_sinks": False,
+                   "mla": None, "moe": None}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """`llama`: RMSNorm, RoPE, GQA, SwiGLU (3 FFN matrices); `gpt`: LayerNorm, GELU MLP, learned positions."""
+    """`llama`: RMSNorm, RoPE, GQA, SwiGLU (3 FFN matrices); `gpt`: LayerNorm, GELU MLP, learned positions.
+    Optional parts: a head width other than dim / n_heads (Qwen3, GPT-OSS), RMS-normed q and k per head
+    (Qwen3), attention biases and per-head sinks (GPT-OSS), MLA in place of GQA (DeepSeek), and a
+    mixture-of-experts MLP (specs/moe.py)."""
 
     name: str
     arch: str
@@ -27,6 +35,12 @@ class ModelSpec:
     max_seq_len: int = 131072
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
+    attention_head_dim: int | None = None
+    qk_norm: bool = False
+    attention_bias: bool = False
+    attention_sinks: bool = False
+    mla: MLASpec | None = None
+    moe: MoESpec | None = None
 
     def __hash__(self) -> int:
         # Specs key the cost model's caches; hashing twelve fields on every lookup showed in profiles.
@@ -38,7 +52,18 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.attention_head_dim or self.dim // self.n_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None
+
+    @property
+    def dense_gqa(self) -> bool:
+        """Dense MLP and GQA attention with q as wide as the hidden state: the shape the cost model prices."""
+        # Qwen3's per-head q/k RMSNorms pass: two small norms the runtime leaves out and the model does not price.
+        return (self.moe is None and self.mla is None and self.head_dim * self.n_heads == self.dim
+                and not (self.attention_bias or self.attention_sinks))
 
     @property
     def kv_dim(self) -> int:
@@ -49,14 +74,34 @@ class ModelSpec:
         return 3 if self.arch == "llama" else 2
 
     def layer_params(self) -> int:
-        """Parameters of one transformer block (attention, MLP, two norms; GPT adds biases)."""
-        d, kv, f = self.dim, self.kv_dim, self.ffn_dim
-        attn = d * d + 2 * d * kv + d * d
-        mlp = self.ffn_matrices * d * f
-        if self.arch == "llama":
-            return attn + mlp + 2 * d
-        biases = (d + 2 * kv + d) + (f + d)
-        return attn + mlp + biases + 2 * 2 * d
+        """Parameters of one block of a dense model (attention, MLP, two norms; GPT adds biases)."""
+        return self.block_params(self.n_layers - 1)
+
+    def attention_params(self) -> int:
+        """One block's attention: q, k, v and output projections (GPT: with biases), or MLA's; q/k norms,
+        biases and sinks where the model has them."""
+        d, h = self.dim, self.n_heads
+        if self.mla is not None:
+            return self.mla.params(d, h)
+        q, kv = h * self.head_dim, self.kv_dim
+        params = d * q + 2 * d * kv + q * d
+        if self.arch == "gpt" or self.attention_bias:
+            params += q + 2 * kv + d
+        return params + (2 * self.head_dim if self.qk_norm else 0) + (h if self.attention_sinks else 0)
+
+    def dense_mlp_params(self) -> int:
+        d, f = self.dim, self.ffn_dim
+        return self.ffn_matrices * d * f + ((f + d) if self.arch == "gpt" else 0)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer >= self.moe.dense_layers_first
+
+    def block_params(self, layer: int, active: bool = False) -> int:
+        """Block `layer` (0-based): attention, its MLP (dense, or the MoE layer's router and experts,
+        only those a token runs when `active`) and two norms (LayerNorm: with biases)."""
+        norms = 2 * self.dim if self.arch == "llama" else 2 * 2 * self.dim
+        mlp = self.moe.layer_params(self.dim, active) if self.is_moe_layer(layer) else self.dense_mlp_params()
+        return self.attention_params() + mlp + norms
 
     def embedding_params(self) -> int:
         """Token embedding (plus learned positions for GPT)."""
@@ -69,10 +114,20 @@ class ModelSpec:
         return norm + (0 if self.tied_embeddings else self.vocab_size * self.dim)
 
     def num_params(self) -> int:
-        return self.embedding_params() + self.n_layers * self.layer_params() + self.head_params()
+        return self.embedding_params() + sum(self.block_params(i) for i in range(self.n_layers)) + self.head_params()
+
+    def active_params(self) -> int:
+        """Parameters one token runs through: all but the routed experts the router did not pick
+        (Mistral's and DeepSeek's convention; OpenAI's GPT-OSS figure also leaves out the embedding)."""
+        blocks = sum(self.block_params(i, active=True) for i in range(self.n_layers))
+        return self.embedding_params() + blocks + self.head_params()
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for key, default in OPTIONAL_FIELDS.items():
+            if out[key] == default:
+                del out[key]
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, field: str = "model") -> "ModelSpec":
@@ -103,4 +158,24 @@ class ModelSpec:
             max_seq_len=as_int(data.get("max_seq_len", defaults["max_seq_len"].default), f"{field}.max_seq_len", 1),
             norm_eps=as_float(data.get("norm_eps", defaults["norm_eps"].default), f"{field}.norm_eps", 0.0, True),
             rope_theta=as_float(data.get("rope_theta", defaults["rope_theta"].default), f"{field}.rope_theta", 0.0, True),
+            **_optional_parts(data, field, n_layers=as_int(data["n_layers"], f"{field}.n_layers", 1)),
         )
+
+
+def _optional_parts(data: dict[str, Any], field: str, n_layers: int) -> dict[str, Any]:
+    """The optional fields of a model mapping, validated (OPTIONAL_FIELDS)."""
+    out: dict[str, Any] = {}
+    if data.get("attention_head_dim") is not None:
+        out["attention_head_dim"] = as_int(data["attention_head_dim"], f"{field}.attention_head_dim", 1)
+    for key in ("qk_norm", "attention_bias", "attention_sinks"):
+        if key in data:
+            out[key] = as_bool(data[key], f"{field}.{key}")
+    if data.get("mla") is not None:
+        out["mla"] = data["mla"] if isinstance(data["mla"], MLASpec) else MLASpec.from_dict(data["mla"], f"{field}.mla")
+    if data.get("moe") is not None:
+        moe = data["moe"] if isinstance(data["moe"], MoESpec) else MoESpec.from_dict(data["moe"], f"{field}.moe")
+        if moe.dense_layers_first >= n_layers:
+            raise InputError(f"{field}.moe.dense_layers_first",
+                             f"must be below n_layers ({n_layers}) for any layer to be MoE, got {moe.dense_layers_first}")
+        out["moe"] = moe
+    return out

@@ -11,7 +11,7 @@ from meshplan.specs.model import ModelSpec
 from meshplan.yamlio import load_yaml_file
 
 # HF `model_type` -> meshplan arch. GPT-2 style configs use other key names (n_embd, n_layer...).
-HF_LLAMA_TYPES = ("llama", "mistral", "qwen2")
+HF_LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
 HF_GPT_TYPES = ("gpt2", "gpt_bigcode", "gpt_neox")
 
 
@@ -66,4 +66,44 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, field: str = "model") -> M
     }
     if arch == "llama":
         spec["rope_theta"] = as_float(cfg.get("rope_theta", 10000.0), f"{field}.rope_theta", 0.0, exclusive_min=True)
+        spec.update(_hf_attention(cfg, model_type, dim, heads))
+        spec.update(_hf_moe(cfg, model_type, field))
     return ModelSpec.from_dict(spec, field)
+
+
+def _hf_attention(cfg: Mapping[str, Any], model_type: str, dim: int, heads: int) -> dict[str, Any]:
+    """Head width, q/k norms, biases, sinks and MLA, under the names Qwen3, GPT-OSS and DeepSeek use."""
+    out: dict[str, Any] = {}
+    if cfg.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention
+        out["mla"] = {"q_lora_rank": cfg.get("q_lora_rank") or 0, "kv_lora_rank": cfg["kv_lora_rank"],
+                      "qk_nope_head_dim": cfg.get("qk_nope_head_dim"), "qk_rope_head_dim": cfg.get("qk_rope_head_dim"),
+                      "v_head_dim": cfg.get("v_head_dim")}
+        out["attention_head_dim"] = (cfg.get("qk_nope_head_dim") or 0) + (cfg.get("qk_rope_head_dim") or 0)
+    elif cfg.get("head_dim") and cfg["head_dim"] * heads != dim:
+        out["attention_head_dim"] = cfg["head_dim"]
+    if model_type.startswith("qwen3"):
+        out["qk_norm"] = True  # Qwen3's q_norm / k_norm (modeling_qwen3), not flagged in its config
+    if model_type == "gpt_oss":
+        out["attention_sinks"] = True  # GPT-OSS's per-head sinks (modeling_gpt_oss), likewise implicit
+    if cfg.get("attention_bias"):
+        out["attention_bias"] = True
+    return out
+
+
+def _hf_moe(cfg: Mapping[str, Any], model_type: str, field: str) -> dict[str, Any]:
+    """The MoE fields of Mixtral, Qwen3-MoE, DeepSeek-V2/V3 and GPT-OSS configs, or nothing for a dense one."""
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    if not experts:
+        return {}
+    # Mixtral and GPT-OSS give the expert width as intermediate_size; the others as moe_intermediate_size.
+    expert_ffn = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    if cfg.get("mlp_only_layers") or (cfg.get("decoder_sparse_step") or 1) != 1:
+        raise InputError(f"{field}.decoder_sparse_step", "MoE layers other than every layer after the first dense "
+                                                         "ones are not supported")
+    moe = {"experts": experts, "top_k": _get(cfg, ("num_experts_per_tok", "experts_per_token"), field),
+           "expert_ffn_dim": expert_ffn, "shared_experts": cfg.get("n_shared_experts") or 0,
+           "dense_layers_first": cfg.get("first_k_dense_replace") or 0,
+           "router": "sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
+           "load_balance": "bias" if cfg.get("topk_method") == "noaux_tc" else "aux_loss",
+           "bias": model_type == "gpt_oss"}
+    return {"moe": moe}

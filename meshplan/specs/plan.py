@@ -11,7 +11,7 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import check_runtime_rules
+from meshplan.specs.rules import check_runtime_rules, model_priced_reason
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -138,6 +138,9 @@ def plan_from_dict(data: Any) -> Plan:
         if key not in data:
             raise InputError(key, "is required")
     model = resolve_model(data["model"], "model")
+    why = model_priced_reason(model)
+    if why:
+        raise InputError("model", why)
     cluster = data["cluster"]
     if not isinstance(cluster, str) or not cluster:
         raise InputError("cluster", f"must be a built-in profile name or a path to a profile YAML, got {cluster!r}")

@@ -7,6 +7,7 @@ from typing import Any
 
 from meshplan.errors import InputError
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.moe import MLASpec, MoESpec
 
 
 def _llama(name: str, dim: int, layers: int, heads: int, kv: int, ffn: int, vocab: int, **kw: Any) -> ModelSpec:
@@ -18,6 +19,39 @@ def _gpt(name: str, dim: int, layers: int, heads: int, vocab: int = 51200, seq: 
     return ModelSpec(name=name, arch="gpt", dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=heads,
                      ffn_dim=4 * dim, vocab_size=vocab, max_seq_len=seq, **kw)
 
+
+def _moe(name: str, dim: int, layers: int, heads: int, kv: int, ffn: int, vocab: int, experts: int, top_k: int,
+         expert_ffn: int, *, shared: int = 0, dense_first: int = 0, router: str = "softmax",
+         load_balance: str = "aux_loss", moe_bias: bool = False, **kw: Any) -> ModelSpec:
+    moe = MoESpec(experts=experts, top_k=top_k, expert_ffn_dim=expert_ffn, shared_experts=shared,
+                  dense_layers_first=dense_first, router=router, load_balance=load_balance, bias=moe_bias)
+    return _llama(name, dim, layers, heads, kv, ffn, vocab, moe=moe, **kw)
+
+
+# Mixture-of-experts shapes: ../shared/data/published/moe_model_configs.csv names each source (the
+# model's own config or Megatron-Bridge's provider). `ffn` is the dense MLP of DeepSeek's first layers,
+# else the config's intermediate_size, which no layer uses when every layer is MoE.
+MOE_MODELS = [
+    _moe("mixtral-8x7b", 4096, 32, 32, 8, 14336, 32000, 8, 2, 14336, rope_theta=1e6, max_seq_len=32768),
+    _moe("mixtral-8x22b", 6144, 56, 48, 8, 16384, 32000, 8, 2, 16384, rope_theta=1e6, max_seq_len=65536),
+    _moe("qwen3-30b-a3b", 2048, 48, 32, 4, 6144, 151936, 128, 8, 768, attention_head_dim=128, qk_norm=True,
+         rope_theta=1e6, max_seq_len=40960, norm_eps=1e-6),
+    _moe("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, 151936, 128, 8, 1536, attention_head_dim=128, qk_norm=True,
+         rope_theta=1e6, max_seq_len=40960, norm_eps=1e-6),
+    # DeepSeek-V3 671B without its multi-token-prediction module (DeepSeek's 671B excludes it).
+    _moe("deepseek-v3", 7168, 61, 128, 128, 18432, 129280, 256, 8, 2048, shared=1, dense_first=3, router="sigmoid",
+         load_balance="bias", attention_head_dim=192, rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
+         mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
+    _moe("deepseek-v3-16b", 2048, 27, 16, 16, 10944, 102400, 64, 6, 1408, shared=2, dense_first=1,
+         attention_head_dim=192, rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
+         mla=MLASpec(q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
+    # GPT-OSS as published but for its alternating 128-token sliding-window layers and clamped SwiGLU,
+    # which change FLOPs and kernels, not parameters.
+    _moe("gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, 128, 4, 2880, moe_bias=True, attention_head_dim=64,
+         attention_bias=True, attention_sinks=True, rope_theta=150000.0, max_seq_len=131072),
+    # For tests: 8 experts, top-2, one shared expert, one dense first layer.
+    _moe("tiny-moe", 64, 4, 4, 2, 128, 256, 8, 2, 32, shared=1, dense_first=1, max_seq_len=256, rope_theta=10000.0),
+]
 
 # Llama 3.1 shapes from Meta's model cards / params.json; Llama 2 from the Llama 2 paper; GPT-3 from Brown et al.
 BUILTIN_MODELS: dict[str, ModelSpec] = {
@@ -38,6 +72,7 @@ BUILTIN_MODELS: dict[str, ModelSpec] = {
         _llama("tiny-4l", 64, 4, 4, 2, 128, 256, max_seq_len=256, rope_theta=10000.0),
         _gpt("tiny-gpt", 64, 2, 4, vocab=256, seq=256),
         _llama("small", 256, 8, 8, 4, 704, 4096, max_seq_len=1024, rope_theta=10000.0),
+        *MOE_MODELS,
     ]
 }
 

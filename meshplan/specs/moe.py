@@ -1,0 +1,105 @@
+"""The parts of a block beyond dense GQA attention and a dense MLP: a mixture-of-experts layer
+(routed and shared experts behind a router) and DeepSeek's multi-head latent attention (MLA).
+Each owns its shape, its validation and its parameter count."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from meshplan.errors import InputError
+from meshplan.fields import as_bool, as_choice, as_int, reject_unknown, require_mapping
+
+ROUTERS = ("softmax", "sigmoid")  # Mixtral, Qwen3, GPT-OSS: softmax over experts; DeepSeek-V3: sigmoid
+LOAD_BALANCE = ("aux_loss", "bias")  # an auxiliary loss, or DeepSeek-V3's aux-loss-free expert bias
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts MLP: `experts` routed SwiGLU experts of width `expert_ffn_dim`, `top_k` of
+    them per token, plus `shared_experts` every token passes through (DeepSeek). The first
+    `dense_layers_first` blocks keep the dense MLP of the model's `ffn_dim` (DeepSeek's
+    first_k_dense_replace). `bias`: the router and experts carry biases (GPT-OSS)."""
+
+    experts: int
+    top_k: int
+    expert_ffn_dim: int
+    shared_experts: int = 0
+    dense_layers_first: int = 0
+    router: str = "softmax"
+    load_balance: str = "aux_loss"
+    bias: bool = False
+
+    def expert_params(self, dim: int) -> int:
+        """One SwiGLU expert: gate and up (dim -> ffn), down (ffn -> dim), with biases where the model has them."""
+        f = self.expert_ffn_dim
+        return 3 * dim * f + ((2 * f + dim) if self.bias else 0)
+
+    def router_params(self, dim: int) -> int:
+        # DeepSeek's aux-loss-free expert bias is a buffer updated outside the optimizer: not a parameter.
+        return dim * self.experts + (self.experts if self.bias else 0)
+
+    def layer_params(self, dim: int, active: bool = False) -> int:
+        """The router and the experts of one MoE layer: all of them, or the ones a token runs (`active`)."""
+        routed = self.top_k if active else self.experts
+        return self.router_params(dim) + (routed + self.shared_experts) * self.expert_params(dim)
+
+    @classmethod
+    def from_dict(cls, data: Any, field: str) -> MoESpec:
+        data = require_mapping(data, field)
+        reject_unknown(data, cls.__dataclass_fields__, field)
+        for key in ("experts", "top_k", "expert_ffn_dim"):
+            if key not in data:
+                raise InputError(f"{field}.{key}", "is required")
+        experts = as_int(data["experts"], f"{field}.experts", 1)
+        top_k = as_int(data["top_k"], f"{field}.top_k", 1)
+        if top_k > experts:
+            raise InputError(f"{field}.top_k", f"must be at most experts ({experts}), got {top_k}")
+        return cls(experts=experts, top_k=top_k,
+                   expert_ffn_dim=as_int(data["expert_ffn_dim"], f"{field}.expert_ffn_dim", 1),
+                   shared_experts=as_int(data.get("shared_experts", 0), f"{field}.shared_experts", 0),
+                   dense_layers_first=as_int(data.get("dense_layers_first", 0), f"{field}.dense_layers_first", 0),
+                   router=as_choice(data.get("router", "softmax"), f"{field}.router", ROUTERS),
+                   load_balance=as_choice(data.get("load_balance", "aux_loss"), f"{field}.load_balance", LOAD_BALANCE),
+                   bias=as_bool(data.get("bias", False), f"{field}.bias"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries through a low-rank `q_lora_rank`
+    bottleneck (0: a plain projection), keys and values from one `kv_lora_rank` latent plus a shared
+    RoPE key of `qk_rope_head_dim`; per head a `qk_nope_head_dim` + `qk_rope_head_dim` query/key and a
+    `v_head_dim` value. Both bottlenecks are RMS-normed."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def params(self, dim: int, heads: int) -> int:
+        q_width = heads * self.qk_head_dim
+        q = dim * q_width if not self.q_lora_rank else dim * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * q_width
+        kv = (dim * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+              + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim))
+        return q + kv + heads * self.v_head_dim * dim
+
+    @classmethod
+    def from_dict(cls, data: Any, field: str) -> MLASpec:
+        data = require_mapping(data, field)
+        reject_unknown(data, cls.__dataclass_fields__, field)
+        for key in cls.__dataclass_fields__:
+            if key not in data:
+                raise InputError(f"{field}.{key}", "is required")
+        return cls(q_lora_rank=as_int(data["q_lora_rank"], f"{field}.q_lora_rank", 0),
+                   **{k: as_int(data[k], f"{field}.{k}", 1) for k in cls.__dataclass_fields__ if k != "q_lora_rank"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,147 @@
+"""Mixture-of-experts model specs: parameter counts by hand and against the publishers' totals, the
+Hugging Face config import, and the refusals (a bad MoE field; a plan of a model not yet priced)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.errors import InputError
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.model_file import from_hf_config
+from meshplan.specs.plan import plan_from_dict
+from meshplan.specs.registry import BUILTIN_MODELS, resolve_model
+
+
+def test_mixtral_8x7b_by_hand_and_mistrals_totals():
+    d, f, v, layers = 4096, 14336, 32000, 32
+    attention = d * d + 2 * d * 1024 + d * d  # q, k, v (8 KV heads of 128), o
+    expert = 3 * d * f
+    layer = attention + d * 8 + 8 * expert + 2 * d  # router, 8 experts, two RMSNorms
+    total = 2 * v * d + layers * layer + d  # untied embedding and output, final norm
+    active = total - layers * 6 * expert  # 2 of 8 experts run
+    m = BUILTIN_MODELS["mixtral-8x7b"]
+    assert (m.num_params(), m.active_params()) == (total, active)
+    # Mistral AI, "Mixtral of experts" (2024): 46.7B parameters, 12.9B active per token.
+    assert round(total / 1e9, 1) == 46.7 and round(active / 1e9, 1) == 12.9
+
+
+def test_deepseek_v3_by_hand_and_deepseeks_totals():
+    d, heads, v = 7168, 128, 129280
+    q = d * 1536 + 1536 + 1536 * heads * 192  # q down, its norm, q up to 128 heads of 128 nope + 64 rope
+    kv = d * (512 + 64) + 512 + 512 * heads * (128 + 128)  # kv down + shared rope key, norm, k nope and v up
+    o = heads * 128 * d
+    attention = q + kv + o
+    expert = 3 * d * 2048
+    dense_layer = attention + 3 * d * 18432 + 2 * d
+    moe_layer = attention + d * 256 + (256 + 1) * expert + 2 * d  # sigmoid router (bias is a buffer), 1 shared
+    total = 2 * v * d + 3 * dense_layer + 58 * moe_layer + d
+    active = total - 58 * (256 - 8) * expert
+    m = BUILTIN_MODELS["deepseek-v3"]
+    assert (m.num_params(), m.active_params()) == (total, active)
+    # DeepSeek-V3 technical report: 671B total, 37B activated per token (without the 14B MTP module).
+    # DeepSeek counts activated parameters without the embedding lookup (V2-Lite's 2.4B below says so).
+    assert round(total / 1e9) == 671 and round((active - m.embedding_params()) / 1e9) == 37
+
+
+@pytest.mark.parametrize("name, total_b, active_b, active_without_embedding, digits", [
+    ("mixtral-8x22b", 141, 39, False, 0),      # Mistral AI: 141B, 39B active
+    ("qwen3-30b-a3b", 30.5, 3.3, False, 1),    # Qwen3 technical report: 30B-A3B (30.5B, 3.3B on the model card)
+    ("qwen3-235b-a22b", 235, 22, False, 0),    # Qwen3 technical report: 235B-A22B
+    ("deepseek-v3-16b", 15.7, 2.4, True, 1),   # DeepSeek-V2-Lite's shape: 15.7B, 2.4B activated
+    ("gpt-oss-120b", 116.8, 5.1, True, 1),     # OpenAI model card: 116.83B total, 5.13B active (no embedding)
+])
+def test_published_totals(name, total_b, active_b, active_without_embedding, digits):
+    """Within the published figure's last digit: publishers round (Mistral) or truncate (Qwen's 3.35B
+    reads 3.3B, DeepSeek's 2.45B reads 2.4B)."""
+    m = BUILTIN_MODELS[name]
+    active = m.active_params() - (m.embedding_params() if active_without_embedding else 0)
+    unit = 10.0 ** -digits
+    assert abs(m.num_params() / 1e9 - total_b) < unit
+    assert abs(active / 1e9 - active_b) < unit
+
+
+def test_tiny_moe_against_its_tensors():
+    """Every tensor of tiny-moe listed as the runtime would hold it, summed."""
+    shapes = [(256, 64), (256, 64), (64,)]  # embedding, output, final norm
+    for layer in range(4):
+        shapes += [(64, 64), (64, 32), (64, 32), (64, 64), (64,), (64,)]  # wq, wk, wv, wo, two norms
+        if layer == 0:
+            shapes += [(128, 64)] * 3  # the dense first layer's SwiGLU
+        else:
+            shapes += [(8, 64)] + [(8, 32, 64)] * 3 + [(32, 64)] * 3  # router, 8 experts' w1 w2 w3, shared expert
+    count = sum(_numel(s) for s in shapes)
+    m = BUILTIN_MODELS["tiny-moe"]
+    assert m.num_params() == count
+    assert m.num_params() - m.active_params() == 3 * (6 * 3 * 32 * 64)  # 6 of 8 experts idle in 3 MoE layers
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+# config.json values as published on the Hugging Face hub.
+HF_CONFIGS = {
+    "mixtral-8x7b": {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336,
+                     "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+                     "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": 32000,
+                     "tie_word_embeddings": False, "rope_theta": 1e6, "max_position_embeddings": 32768},
+    "qwen3-30b-a3b": {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+                      "moe_intermediate_size": 768, "num_attention_heads": 32, "num_key_value_heads": 4,
+                      "head_dim": 128, "num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8,
+                      "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936,
+                      "tie_word_embeddings": False, "rope_theta": 1e6, "max_position_embeddings": 40960,
+                      "rms_norm_eps": 1e-6},
+    "deepseek-v3": {"model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432,
+                    "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+                    "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+                    "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536,
+                    "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "vocab_size": 129280,
+                    "tie_word_embeddings": False, "rope_theta": 10000, "max_position_embeddings": 163840,
+                    "rms_norm_eps": 1e-6},
+    "gpt-oss-120b": {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
+                     "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 36,
+                     "num_local_experts": 128, "num_experts_per_tok": 4, "vocab_size": 201088,
+                     "attention_bias": True, "tie_word_embeddings": False, "rope_theta": 150000,
+                     "max_position_embeddings": 131072, "sliding_window": 128},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HF_CONFIGS))
+def test_hf_config_import_reads_moe_and_attention_fields(name):
+    got, want = from_hf_config(HF_CONFIGS[name], name), BUILTIN_MODELS[name]
+    assert (got.moe, got.mla, got.head_dim, got.qk_norm, got.attention_bias, got.attention_sinks) == \
+        (want.moe, want.mla, want.head_dim, want.qk_norm, want.attention_bias, want.attention_sinks)
+    assert (got.num_params(), got.active_params()) == (want.num_params(), want.active_params())
+
+
+def test_specs_round_trip_and_dense_dicts_are_unchanged():
+    for m in BUILTIN_MODELS.values():
+        assert ModelSpec.from_dict(m.to_dict()) == m
+    assert sorted(BUILTIN_MODELS["llama3-8b"].to_dict()) == sorted(
+        ["name", "arch", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "tied_embeddings",
+         "max_seq_len", "norm_eps", "rope_theta"])
+
+
+@pytest.mark.parametrize("edit, field", [
+    ({"top_k": 9}, "model.moe.top_k"),
+    ({"dense_layers_first": 4}, "model.moe.dense_layers_first"),
+    ({"router": "argmax"}, "model.moe.router"),
+    ({"experts": 0}, "model.moe.experts"),
+])
+def test_bad_moe_fields_name_themselves(edit, field):
+    data = BUILTIN_MODELS["tiny-moe"].to_dict()
+    data["moe"] = {**data["moe"], **edit}
+    with pytest.raises(InputError) as err:
+        resolve_model(data)
+    assert err.value.field == field
+
+
+@pytest.mark.parametrize("name", ["tiny-moe", "deepseek-v3", "gpt-oss-120b"])
+def test_a_plan_of_a_model_not_yet_priced_is_refused(name):
+    with pytest.raises(InputError) as err:
+        plan_from_dict({"model": name, "cluster": "h100-80g-dgx", "gpus": 8})
+    assert err.value.field == "model" and name in str(err.value)
