@@ -20,7 +20,7 @@ Pipeline transfers are priced where the schedule simulation counts them (comm.p2
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 
 from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.layout import Layout
@@ -42,11 +42,13 @@ class HostOps:
     checkpointed: float = 0.0
     policy: float = 0.0
 
+    # Field by field: dataclasses.astuple deep-copies, and showed in the planner's profile.
     def __add__(self, other: HostOps) -> HostOps:
-        return HostOps(*(a + b for a, b in zip(astuple(self), astuple(other))))
+        return HostOps(self.ops + other.ops, self.python + other.python, self.calls + other.calls,
+                       self.checkpointed + other.checkpointed, self.policy + other.policy)
 
     def __mul__(self, k: float) -> HostOps:
-        return HostOps(*(a * k for a in astuple(self)))
+        return HostOps(self.ops * k, self.python * k, self.calls * k, self.checkpointed * k, self.policy * k)
 
     def seconds(self, o: Overheads) -> float:
         return (self.ops * o.op_dispatch_s + self.python * o.python_dispatch_s + self.calls * o.collective_sync_s

@@ -72,6 +72,47 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
     return StageParams(layers, block, emb, head)
 
 
+@dataclass(frozen=True)
+class _RankBasis:
+    """What a rank's memory is made of apart from its load (in flight, kept, losses, accumulating, loss
+    live): computed once per (layout, rank), since the planner prices each in many memory phases."""
+
+    sp: StageParams
+    state: tuple[float, float, float]  # params, grads, optimizer
+    fsdp_buffers: float
+    accumulates: bool
+    unit: float
+    ac_transient: float
+    saved: float  # one micro-batch's loss kept from forward to backward (last pipelined stage)
+    loss_buffer: float
+    pp_buffers: float
+    logits: float
+    cp_buffers: float
+    grads_live: bool
+
+
+@lru_cache(maxsize=65536)
+def _rank_basis(lay: Layout, rank: int) -> _RankBasis:
+    sp = stage_params(lay, rank)
+    p, shard = sp.total, lay.fsdp_shard
+    state = tuple(STATE_BYTES[k] * p / shard for k in ("params", "grads", "optimizer"))
+    tokens = lay.tokens_per_micro
+    ac_transient = 0.0
+    if lay.ac != "none":
+        ac_transient = tokens * recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes,
+                                                               _convention(lay))
+    saved = loss_saved_bytes(lay) if sp.head and lay.pp > 1 else 0.0
+    pp_buffers = 0.0
+    if lay.pp > 1:
+        hidden = tokens * lay.hidden_bytes_per_token
+        receiving = 2 * lay.v - (1 if sp.embedding else 0) - (1 if sp.head else 0)
+        pp_buffers = lay.n_micro * hidden * receiving
+    cp_buffers = 2 * lay.micro_batch * lay.seq_len * lay.cp_kv_dim / lay.tp * lay.act_bytes if lay.cp > 1 else 0.0
+    return _RankBasis(sp, state, _fsdp_buffers(lay, sp), pp_accumulates(lay), activation_unit_bytes(lay, sp),
+                      ac_transient, saved, loss_buffer_bytes(lay) if sp.head else 0.0, pp_buffers,
+                      logits_bytes(lay) if sp.head else 0.0, cp_buffers, _grads_live_at_peak(lay))
+
+
 def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, kept: float = 0.0,
                 accumulating: int | None = None, loss_live: bool = True, losses: float = 1.0) -> RankMemory:
     """Peak bytes on pipeline rank `rank`; in_flight = (stage, micro-batch) activation sets held at peak,
@@ -79,47 +120,36 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     accumulating = how many of the rank's stages hold gradient accumulators at that moment (None: all;
     see pp_accumulates); loss_live = whether the last stage (if on this rank) still has a loss to run
     backward through; losses = its micro-batches whose loss graph is alive (pipelined ranks only)."""
-    sp = stage_params(lay, rank)
-    p = sp.total
-    shard = lay.fsdp_shard
+    b = _rank_basis(lay, rank)
+    sp = b.sp
     mem = RankMemory(rank)
-    mem.parts["params"] = STATE_BYTES["params"] * p / shard
-    mem.parts["grads"] = STATE_BYTES["grads"] * p / shard
-    mem.parts["optimizer"] = STATE_BYTES["optimizer"] * p / shard
-    mem.parts["fsdp_buffers"] = _fsdp_buffers(lay, sp)
-    if pp_accumulates(lay):
+    mem.parts["params"], mem.parts["grads"], mem.parts["optimizer"] = b.state
+    mem.parts["fsdp_buffers"] = b.fsdp_buffers
+    if b.accumulates:
         mem.parts["grad_accumulators"] = 4.0 * stage_params(lay, rank, accumulating).total
-    tokens = lay.tokens_per_micro
-    unit = activation_unit_bytes(lay, sp)
-    mem.parts["activations"] = unit * in_flight
-    transient = 0.0
-    if lay.ac != "none":
-        transient = tokens * recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes,
-                                                            _convention(lay))
-    saved = 0.0
+    mem.parts["activations"] = b.unit * in_flight
+    transient = b.ac_transient
+    saved = b.saved
     if sp.head and lay.pp > 1:
         # The schedule computes each micro-batch's loss at its forward and backpropagates it later: its
         # saved tensors live from one to the other, and only the backward's own buffers are transient.
-        saved = loss_saved_bytes(lay)
         mem.parts["losses"] = losses * saved
     if sp.head and loss_live:
-        transient = max(transient, loss_buffer_bytes(lay) - saved)
+        transient = max(transient, b.loss_buffer - saved)
     mem.parts["transient"] = transient
     if lay.pp > 1:
         # torch.distributed.pipelining allocates receive buffers for every micro-batch up front:
         # the stage input in forward and its gradient in backward, for each stage on this rank.
         # The first stage receives no input and the last no gradient.
-        hidden = tokens * lay.hidden_bytes_per_token
-        receiving = 2 * lay.v - (1 if sp.embedding else 0) - (1 if sp.head else 0)
-        mem.parts["pp_buffers"] = lay.n_micro * hidden * receiving
+        mem.parts["pp_buffers"] = b.pp_buffers
         if kept:
             # The logits of micro-batches whose loss graph is alive are counted with it already.
-            current = losses * logits_bytes(lay) if sp.head else 0.0
-            mem.parts["pp_outputs"] = max(0.0, kept * unit - current)
+            current = losses * b.logits if sp.head else 0.0
+            mem.parts["pp_outputs"] = max(0.0, kept * b.unit - current)
     if lay.cp > 1:
         # All-gathered keys and values of one layer, for the whole sequence.
-        mem.parts["cp_buffers"] = 2 * lay.micro_batch * lay.seq_len * lay.cp_kv_dim / lay.tp * lay.act_bytes
-    if not _grads_live_at_peak(lay):
+        mem.parts["cp_buffers"] = b.cp_buffers
+    if not b.grads_live:
         # Without accumulation the peak is at the start of backward, before any gradient exists
         # (zero_grad sets them to None); gradients grow only as activations are freed.
         held = mem.parts["activations"] + mem.parts["transient"] + mem.parts.get("losses", 0.0)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One lent-GPU call (../shared/gpu/README.md): install the wheels the image lacks, then gpu_truth on
+# llama3.2-3b (the planner's top 3, AC full compiled, each beside its eager twin) within the time a
+# call allows, and bring back the table, the CSV and every run's log.
+#
+#   device run, carry [".whl"], timeout 540:   bash benchmarks/gpu_session.sh
+#
+# BUDGET_S (default 330) stops new runs; each 3B run takes about 35 s plus its compile. Outputs go to
+# $OUT (the device tool's folder), or benchmarks/results when run elsewhere.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-benchmarks/results}"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
+# pulp's bundled CBC (cbcbox's binary is too large to carry): executable, and on PATH.
+cbc_dir=/tmp/site/pulp/solverdir/cbc/linux/i64
+chmod +x "$cbc_dir/cbc" 2>/dev/null && export PATH="$cbc_dir:$PATH"
+nvidia-smi --query-gpu=name,memory.total --format=csv
+work=/tmp/gpu_truth_work
+python3 benchmarks/gpu_truth.py --no-profile --models "${MODELS:-llama3.2-3b}" --top "${TOP:-3}" \
+  --variants activation_checkpointing=full --steps 6 --budget-s "${BUDGET_S:-330}" --out "$out" --work "$work"
+status=$?
+tar czf "$out/gpu_truth_logs.tgz" -C "$work" runs plans 2>/dev/null
+exit $status
