@@ -28,29 +28,77 @@ class Matmul:
 
 
 def layer_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
-    """The forward matmuls of one block, as one TP rank sees them."""
-    d, kv, f = spec.dim, spec.kv_dim, spec.ffn_dim
-    mms = [Matmul("qkv", d, d // tp), Matmul("qkv", d, kv // tp), Matmul("qkv", d, kv // tp),
-           Matmul("attn_out", d // tp, d)]
-    ffn_in = [Matmul("ffn_in", d, f // tp)] * (2 if spec.arch == "llama" else 1)
-    return mms + ffn_in + [Matmul("ffn_out", f // tp, d)]
+    """The forward matmuls of one block of a dense model, as one TP rank sees them."""
+    return block_matmuls(spec, spec.n_layers - 1, tp)
+
+
+def block_matmuls(spec: ModelSpec, layer: int, tp: int = 1) -> list[Matmul]:
+    """The forward matmuls of block `layer` that one token runs: its attention's, then its MLP's."""
+    return attention_matmuls(spec, tp) + mlp_matmuls(spec, layer, tp)
+
+
+def attention_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
+    """Query, key, value and output projections (GQA), or MLA's down- and up-projections."""
+    d, h = spec.dim, spec.n_heads
+    if spec.mla is not None:
+        a = spec.mla
+        q = ([Matmul("qkv", d, a.q_lora_rank), Matmul("qkv", a.q_lora_rank, h * a.qk_head_dim // tp)]
+             if a.q_lora_rank else [Matmul("qkv", d, h * a.qk_head_dim // tp)])
+        kv = [Matmul("qkv", d, a.kv_lora_rank + a.qk_rope_head_dim),
+              Matmul("qkv", a.kv_lora_rank, h * (a.qk_nope_head_dim + a.v_head_dim) // tp)]
+        return q + kv + [Matmul("attn_out", h * a.v_head_dim // tp, d)]
+    q, kv = h * spec.head_dim, spec.kv_dim
+    return [Matmul("qkv", d, q // tp), Matmul("qkv", d, kv // tp), Matmul("qkv", d, kv // tp),
+            Matmul("attn_out", q // tp, d)]
+
+
+def mlp_matmuls(spec: ModelSpec, layer: int, tp: int = 1) -> list[Matmul]:
+    """The dense MLP, or what one token runs of an MoE layer: the router, then its top-k routed and the
+    shared experts (each a SwiGLU of the expert width)."""
+    d = spec.dim
+    if not spec.is_moe_layer(layer):
+        f = spec.ffn_dim
+        ffn_in = [Matmul("ffn_in", d, f // tp)] * (2 if spec.arch == "llama" else 1)
+        return ffn_in + [Matmul("ffn_out", f // tp, d)]
+    moe = spec.moe
+    experts = moe.top_k + moe.shared_experts
+    f = moe.expert_ffn_dim
+    return ([Matmul("router", d, moe.experts)] + [Matmul("expert_in", d, f // tp)] * (2 * experts)
+            + [Matmul("expert_out", f // tp, d)] * experts)
 
 
 def logits_matmul(spec: ModelSpec, tp: int = 1) -> Matmul:
     return Matmul("logits", spec.dim, spec.vocab_size // tp)
 
 
-def attention_flops_per_token(spec: ModelSpec, seq_len: int, causal: bool) -> float:
-    """Forward score + value matmuls per token, over all heads (q·k and p·v: 2 * 2 * s * d)."""
-    full = 4.0 * seq_len * spec.n_heads * spec.head_dim
+def attention_flops_per_token(spec: ModelSpec, seq_len: int, causal: bool, layer: int | None = None) -> float:
+    """Forward score and value matmuls per token, over all heads: q.k over the query/key head width,
+    p.v over the value head width (MLA's differ), against every key of the sequence, or half of them
+    on average under a causal mask (executed FLOPs: fused kernels skip masked blocks). Block `layer`'s
+    sliding window, where it has one, caps the keys a query sees."""
+    width = (spec.mla.qk_head_dim + spec.mla.v_head_dim) if spec.mla is not None else 2 * spec.head_dim
+    window = spec.attention_window(layer) if layer is not None else None
+    if window is not None and window < seq_len:
+        # Query i sees min(i + 1, window) keys under the causal mask; without it, a window each side.
+        keys = (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len if causal else 2.0 * window
+        return 2.0 * spec.n_heads * width * keys
+    full = 2.0 * seq_len * spec.n_heads * width
     return full / 2 if causal else full
 
 
-def model_flops_per_token(spec: ModelSpec, seq_len: int) -> float:
-    """Training model FLOPs per token (the MFU convention above)."""
-    matmul = sum(m.flops_per_token for m in layer_matmuls(spec)) * spec.n_layers
+def model_flops_per_token(spec: ModelSpec, seq_len: int, causal: bool = False) -> float:
+    """Training model FLOPs per token (the MFU convention above): the matmuls one token runs (the
+    active experts only) and attention, forward and backward. `causal` halves attention, as
+    Megatron-Core's num_floating_point_operations does (Megatron-Bridge's performance summaries)."""
+    kinds: dict[tuple, int] = {}  # blocks alike in what a token runs, counted (one kind for a dense model)
+    for layer in range(spec.n_layers):
+        key = (spec.is_moe_layer(layer), spec.attention_window(layer))
+        kinds[key] = kinds.get(key, 0) + 1
+    first = {key: next(i for i in range(spec.n_layers)
+                       if (spec.is_moe_layer(i), spec.attention_window(i)) == key) for key in kinds}
+    matmul = sum(sum(m.flops_per_token for m in block_matmuls(spec, first[k])) * n for k, n in kinds.items())
     matmul += logits_matmul(spec).flops_per_token
-    attention = attention_flops_per_token(spec, seq_len, causal=False) * spec.n_layers
+    attention = sum(attention_flops_per_token(spec, seq_len, causal, first[k]) * n for k, n in kinds.items())
     return 3.0 * (matmul + attention)
 
 

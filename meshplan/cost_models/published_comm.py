@@ -157,4 +157,7 @@ USED_ELSEWHERE = {
     "korthikanti2022_activation_memory_formulas.csv": "formulas, reproduced exactly by tests/foundation",
     "korthikanti2022_table3_model_configs.csv": "the 22B configuration of Table 4's rows",
     "nvidia_model_flops_per_sample.csv": "FLOP counts, reproduced by tests/foundation",
+    "moe_training_blackwell.csv": "MoE runs: their FLOPs per token reproduced by tests/foundation/test_moe_flops.py; "
+                                  "not yet validated as runs (MoE is not yet estimated, issue 28)",
+    "moe_model_configs.csv": "MoE architectures: the built-in MoE models (specs/registry.py)",
 }

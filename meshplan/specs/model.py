@@ -13,7 +13,7 @@ from meshplan.specs.moe import MLASpec, MoESpec
 ARCHS = ("llama", "gpt")
 # Fields a dense GQA model leaves at their defaults; to_dict omits them there, so dense specs read as before.
 OPTIONAL_FIELDS = {"attention_head_dim": None, "qk_norm": False, "attention_bias": False, "attention_sinks": False,
-                   "mla": None, "moe": None}
+                   "sliding_window": None, "full_attention_every": 0, "mla": None, "moe": None}
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class ModelSpec:
     qk_norm: bool = False
     attention_bias: bool = False
     attention_sinks: bool = False
+    # Sliding-window attention over `sliding_window` keys in every layer but each full_attention_every-th
+    # (0: none; GPT-OSS: 128 keys, every other layer full).
+    sliding_window: int | None = None
+    full_attention_every: int = 0
     mla: MLASpec | None = None
     moe: MoESpec | None = None
 
@@ -63,7 +67,14 @@ class ModelSpec:
         """Dense MLP and GQA attention with q as wide as the hidden state: the shape the cost model prices."""
         # Qwen3's per-head q/k RMSNorms pass: two small norms the runtime leaves out and the model does not price.
         return (self.moe is None and self.mla is None and self.head_dim * self.n_heads == self.dim
-                and not (self.attention_bias or self.attention_sinks))
+                and self.sliding_window is None and not (self.attention_bias or self.attention_sinks))
+
+    def attention_window(self, layer: int) -> int | None:
+        """The keys a query of block `layer` sees at most: a sliding window, or None for full attention."""
+        every = self.full_attention_every
+        if self.sliding_window is None or (every and layer % every == every - 1):
+            return None
+        return self.sliding_window
 
     @property
     def kv_dim(self) -> int:
@@ -170,6 +181,9 @@ def _optional_parts(data: dict[str, Any], field: str, n_layers: int) -> dict[str
     for key in ("qk_norm", "attention_bias", "attention_sinks"):
         if key in data:
             out[key] = as_bool(data[key], f"{field}.{key}")
+    if data.get("sliding_window") is not None:
+        out["sliding_window"] = as_int(data["sliding_window"], f"{field}.sliding_window", 1)
+        out["full_attention_every"] = as_int(data.get("full_attention_every", 0), f"{field}.full_attention_every", 0)
     if data.get("mla") is not None:
         out["mla"] = data["mla"] if isinstance(data["mla"], MLASpec) else MLASpec.from_dict(data["mla"], f"{field}.mla")
     if data.get("moe") is not None:

@@ -87,7 +87,23 @@ def _hf_attention(cfg: Mapping[str, Any], model_type: str, dim: int, heads: int)
         out["attention_sinks"] = True  # GPT-OSS's per-head sinks (modeling_gpt_oss), likewise implicit
     if cfg.get("attention_bias"):
         out["attention_bias"] = True
+    out.update(_hf_sliding_window(cfg))
     return out
+
+
+def _hf_sliding_window(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A sliding window in a periodic share of the layers (`layer_types`: GPT-OSS alternates sliding and
+    full); a window in every layer where the config gives one without `layer_types`."""
+    window, types = cfg.get("sliding_window"), cfg.get("layer_types")
+    if not window or cfg.get("use_sliding_window") is False:
+        return {}
+    full = [i for i, t in enumerate(types or []) if t == "full_attention"]
+    if not full:
+        return {"sliding_window": window, "full_attention_every": 0}
+    every = full[0] + 1
+    if full != list(range(every - 1, len(types), every)):
+        raise InputError("model.layer_types", "only a periodic pattern (full attention every k-th layer) is supported")
+    return {"sliding_window": window, "full_attention_every": every}
 
 
 def _hf_moe(cfg: Mapping[str, Any], model_type: str, field: str) -> dict[str, Any]:

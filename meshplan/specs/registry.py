@@ -45,10 +45,14 @@ MOE_MODELS = [
     _moe("deepseek-v3-16b", 2048, 27, 16, 16, 10944, 102400, 64, 6, 1408, shared=2, dense_first=1,
          attention_head_dim=192, rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
          mla=MLASpec(q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
-    # GPT-OSS as published but for its alternating 128-token sliding-window layers and clamped SwiGLU,
-    # which change FLOPs and kernels, not parameters.
+    # GPT-OSS as published (128-token sliding windows in every other layer) but for its clamped SwiGLU,
+    # which changes kernels, not parameters or FLOPs.
     _moe("gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, 128, 4, 2880, moe_bias=True, attention_head_dim=64,
-         attention_bias=True, attention_sinks=True, rope_theta=150000.0, max_seq_len=131072),
+         attention_bias=True, attention_sinks=True, sliding_window=128, full_attention_every=2, rope_theta=150000.0,
+         max_seq_len=131072),
+    _moe("gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, 32, 4, 2880, moe_bias=True, attention_head_dim=64,
+         attention_bias=True, attention_sinks=True, sliding_window=128, full_attention_every=2, rope_theta=150000.0,
+         max_seq_len=131072),
     # For tests: 8 experts, top-2, one shared expert, one dense first layer.
     _moe("tiny-moe", 64, 4, 4, 2, 128, 256, 8, 2, 32, shared=1, dense_first=1, max_seq_len=256, rope_theta=10000.0),
 ]

@@ -106,15 +106,17 @@ HF_CONFIGS = {
                      "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 36,
                      "num_local_experts": 128, "num_experts_per_tok": 4, "vocab_size": 201088,
                      "attention_bias": True, "tie_word_embeddings": False, "rope_theta": 150000,
-                     "max_position_embeddings": 131072, "sliding_window": 128},
+                     "max_position_embeddings": 131072, "sliding_window": 128,
+                     "layer_types": ["sliding_attention", "full_attention"] * 18},
 }
 
 
 @pytest.mark.parametrize("name", sorted(HF_CONFIGS))
 def test_hf_config_import_reads_moe_and_attention_fields(name):
     got, want = from_hf_config(HF_CONFIGS[name], name), BUILTIN_MODELS[name]
-    assert (got.moe, got.mla, got.head_dim, got.qk_norm, got.attention_bias, got.attention_sinks) == \
-        (want.moe, want.mla, want.head_dim, want.qk_norm, want.attention_bias, want.attention_sinks)
+    fields = ("moe", "mla", "head_dim", "qk_norm", "attention_bias", "attention_sinks", "sliding_window",
+              "full_attention_every")
+    assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
     assert (got.num_params(), got.active_params()) == (want.num_params(), want.active_params())
 
 
@@ -145,3 +147,13 @@ def test_a_plan_of_a_model_not_yet_priced_is_refused(name):
     with pytest.raises(InputError) as err:
         plan_from_dict({"model": name, "cluster": "h100-80g-dgx", "gpus": 8})
     assert err.value.field == "model" and name in str(err.value)
+
+
+def test_sliding_window_layers_from_config():
+    base = {**HF_CONFIGS["gpt-oss-120b"]}
+    assert [from_hf_config(base, "g").attention_window(i) for i in range(4)] == [128, None, 128, None]
+    everywhere = {k: v for k, v in base.items() if k != "layer_types"}  # Mistral-7B-v0.1's form
+    assert from_hf_config(everywhere, "g").attention_window(1) == 128
+    with pytest.raises(InputError) as err:
+        from_hf_config({**base, "layer_types": ["full_attention", "sliding_attention"] + ["sliding_attention"] * 34}, "g")
+    assert err.value.field == "model.layer_types"
