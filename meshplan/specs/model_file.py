@@ -8,6 +8,7 @@ from typing import Any, Mapping
 from meshplan.errors import InputError
 from meshplan.fields import as_bool, as_float, as_int, require_mapping
 from meshplan.specs.model import ModelSpec
+from meshplan.specs.moe import MLASpec
 from meshplan.yamlio import load_yaml_file
 
 # HF `model_type` -> meshplan arch. GPT-2 style configs use other key names (n_embd, n_layer...).
@@ -66,43 +67,47 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, field: str = "model") -> M
     }
     if arch == "llama":
         spec["rope_theta"] = as_float(cfg.get("rope_theta", 10000.0), f"{field}.rope_theta", 0.0, exclusive_min=True)
-        spec.update(_hf_attention(cfg, model_type, dim, heads))
+        spec.update(_hf_attention(cfg, model_type, dim, heads, field))
         spec.update(_hf_moe(cfg, model_type, field))
     return ModelSpec.from_dict(spec, field)
 
 
-def _hf_attention(cfg: Mapping[str, Any], model_type: str, dim: int, heads: int) -> dict[str, Any]:
+def _hf_attention(cfg: Mapping[str, Any], model_type: str, dim: int, heads: int, field: str) -> dict[str, Any]:
     """Head width, q/k norms, biases, sinks and MLA, under the names Qwen3, GPT-OSS and DeepSeek use."""
     out: dict[str, Any] = {}
     if cfg.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention
-        out["mla"] = {"q_lora_rank": cfg.get("q_lora_rank") or 0, "kv_lora_rank": cfg["kv_lora_rank"],
-                      "qk_nope_head_dim": cfg.get("qk_nope_head_dim"), "qk_rope_head_dim": cfg.get("qk_rope_head_dim"),
-                      "v_head_dim": cfg.get("v_head_dim")}
-        out["attention_head_dim"] = (cfg.get("qk_nope_head_dim") or 0) + (cfg.get("qk_rope_head_dim") or 0)
-    elif cfg.get("head_dim") and cfg["head_dim"] * heads != dim:
-        out["attention_head_dim"] = cfg["head_dim"]
+        mla = MLASpec.from_dict({k: cfg.get(k) or 0 if k == "q_lora_rank" else cfg.get(k)
+                                 for k in MLASpec.__dataclass_fields__}, f"{field}.mla")
+        out["mla"], out["attention_head_dim"] = mla, mla.qk_head_dim
+    elif cfg.get("head_dim") is not None:
+        head_dim = as_int(cfg["head_dim"], f"{field}.head_dim", 1)
+        if head_dim * heads != dim:
+            out["attention_head_dim"] = head_dim
     if model_type.startswith("qwen3"):
         out["qk_norm"] = True  # Qwen3's q_norm / k_norm (modeling_qwen3), not flagged in its config
     if model_type == "gpt_oss":
         out["attention_sinks"] = True  # GPT-OSS's per-head sinks (modeling_gpt_oss), likewise implicit
     if cfg.get("attention_bias"):
-        out["attention_bias"] = True
-    out.update(_hf_sliding_window(cfg))
+        out["attention_bias"] = as_bool(cfg["attention_bias"], f"{field}.attention_bias")
+    out.update(_hf_sliding_window(cfg, field))
     return out
 
 
-def _hf_sliding_window(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def _hf_sliding_window(cfg: Mapping[str, Any], field: str) -> dict[str, Any]:
     """A sliding window in a periodic share of the layers (`layer_types`: GPT-OSS alternates sliding and
     full); a window in every layer where the config gives one without `layer_types`."""
     window, types = cfg.get("sliding_window"), cfg.get("layer_types")
     if not window or cfg.get("use_sliding_window") is False:
         return {}
+    window = as_int(window, f"{field}.sliding_window", 1)
+    if types is not None and not (isinstance(types, list) and all(isinstance(t, str) for t in types)):
+        raise InputError(f"{field}.layer_types", "must be a list of attention kinds (e.g. sliding_attention)")
     full = [i for i, t in enumerate(types or []) if t == "full_attention"]
     if not full:
         return {"sliding_window": window, "full_attention_every": 0}
     every = full[0] + 1
     if full != list(range(every - 1, len(types), every)):
-        raise InputError("model.layer_types", "only a periodic pattern (full attention every k-th layer) is supported")
+        raise InputError(f"{field}.layer_types", "only a periodic pattern (full attention every k-th layer) is supported")
     return {"sliding_window": window, "full_attention_every": every}
 
 

@@ -157,3 +157,17 @@ def test_sliding_window_layers_from_config():
     with pytest.raises(InputError) as err:
         from_hf_config({**base, "layer_types": ["full_attention", "sliding_attention"] + ["sliding_attention"] * 34}, "g")
     assert err.value.field == "model.layer_types"
+
+
+@pytest.mark.parametrize("edit", [
+    {"head_dim": {"a": 1}},
+    {"sliding_window": 128, "layer_types": 5},
+    {"sliding_window": "wide"},
+    {"kv_lora_rank": 512, "qk_nope_head_dim": "x", "qk_rope_head_dim": 64, "v_head_dim": 128},
+    {"num_local_experts": "many", "num_experts_per_tok": 2},
+    {"num_local_experts": 8, "num_experts_per_tok": 9},
+    {"num_experts": 8, "num_experts_per_tok": 2, "mlp_only_layers": [0]},
+])
+def test_malformed_moe_configs_are_one_line_errors(edit):
+    with pytest.raises(InputError):
+        from_hf_config({**HF_CONFIGS["mixtral-8x7b"], **edit}, "m")
