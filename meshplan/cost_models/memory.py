@@ -305,12 +305,14 @@ def loss_saved_bytes(lay: Layout) -> float:
 
 
 def loss_buffer_bytes(lay: Layout) -> float:
-    """Logits and cross-entropy buffers at the start of backward on the last stage.
+    """Logits and cross-entropy buffers at the peak of the loss's backward on the last stage.
 
-    Compute-dtype logits, their fp32 upcast, the saved log-softmax and its fp32 gradient; in fp32
-    runs the upcast is the logits themselves. Also the final norm output the head matmul saved.
+    The compute-dtype logits; in fp32 the saved log-softmax, the gradient nll_loss's backward hands it
+    and the input gradient log_softmax's backward makes (the upcast is freed after the forward). Also
+    the final norm output the head matmul saved. Counted on the runtime's loss with live storages:
+    14 bytes per logit in bf16, 16 in fp32 (tests/runtime/test_saved_activations.py).
     """
-    per = (lay.act_bytes + 12.0) if lay.act_bytes < 4 else 12.0
+    per = lay.act_bytes + 12.0
     if lay.tp > 1:
         # Loss parallel's log-softmax is built from DTensor ops (amax, x - max, exp, sum, log): its
         # backward holds the fp32 result, the incoming gradient, exp(result) and the input

@@ -80,7 +80,7 @@ def test_the_last_stage_sheds_its_loss_buffers_after_its_last_backward():
     lay = _layout()
     o = PROF.overheads
     tokens = 4096
-    # bf16 logits, their fp32 upcast, the saved log-softmax and its fp32 gradient (2 + 12 bytes a logit),
+    # bf16 logits, the saved fp32 log-softmax and its incoming and outgoing fp32 gradients (2 + 12 bytes a logit),
     # and the final norm's bf16 output the head matmul saved.
     loss = tokens * V * 14 + tokens * D * 2
     # Of it, a micro-batch keeps from its forward to its backward its bf16 logits (the cached stage

@@ -62,3 +62,29 @@ def test_compiled_inventory_matches_what_autograd_saves(dtype):
     assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
     # and compile keeps less than eager: the difference is real, not the inventory's
     assert measured < 0.8 * saved_bytes_per_token(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_buffers_are_what_the_runtimes_loss_holds(dtype):
+    """memory.loss_buffer_bytes per logit (its logits, the saved log-softmax and its incoming and outgoing
+    fp32 gradients) against the peak of live storages while the runtime's loss runs forward and backward
+    on one micro-batch of logits: 14 bytes per logit in bf16, 16 in fp32."""
+    from meshplan.cost_models.layout import layout_of
+    from meshplan.cost_models.memory import head_input_bytes, logit_count, loss_buffer_bytes
+    from meshplan.runtime.metrics import LiveTensorMemory
+    from meshplan.runtime.train import loss_fn
+    from meshplan.specs.plan import plan_from_dict
+    from plan_base import base_plan
+
+    raw = base_plan("tiny-4l", "cpu-gloo")
+    raw["training"].update(seq_len=SEQ, global_batch=2, micro_batch=2, dtype="bf16" if dtype == torch.bfloat16 else "fp32")
+    lay = layout_of(plan_from_dict(raw))
+    priced = (loss_buffer_bytes(lay) - head_input_bytes(lay)) / logit_count(lay)
+    logits = torch.randn(2, SEQ, SPEC.vocab_size, dtype=dtype).requires_grad_()
+    targets = torch.randint(0, SPEC.vocab_size, (2, SEQ))
+    with LiveTensorMemory(torch.device("cpu")) as mem:
+        before = mem.current()  # the logits, and whatever else this process holds
+        loss_fn(logits, targets).backward()
+    measured = (mem.peak - before + logits.untyped_storage().nbytes()) / logits.numel()
+    assert measured == pytest.approx(priced, abs=0.05)
+    assert priced == (14.0 if dtype == torch.bfloat16 else 16.0)
