@@ -90,15 +90,12 @@ def model_flops_per_token(spec: ModelSpec, seq_len: int, causal: bool = False) -
     """Training model FLOPs per token (the MFU convention above): the matmuls one token runs (the
     active experts only) and attention, forward and backward. `causal` halves attention, as
     Megatron-Core's num_floating_point_operations does (Megatron-Bridge's performance summaries)."""
-    kinds: dict[tuple, int] = {}  # blocks alike in what a token runs, counted (one kind for a dense model)
+    kinds: dict[tuple, list[int]] = {}  # the blocks alike in what a token runs (one kind for a dense model)
     for layer in range(spec.n_layers):
-        key = (spec.is_moe_layer(layer), spec.attention_window(layer))
-        kinds[key] = kinds.get(key, 0) + 1
-    first = {key: next(i for i in range(spec.n_layers)
-                       if (spec.is_moe_layer(i), spec.attention_window(i)) == key) for key in kinds}
-    matmul = sum(sum(m.flops_per_token for m in block_matmuls(spec, first[k])) * n for k, n in kinds.items())
+        kinds.setdefault((spec.is_moe_layer(layer), spec.attention_window(layer)), []).append(layer)
+    matmul = sum(sum(m.flops_per_token for m in block_matmuls(spec, ls[0])) * len(ls) for ls in kinds.values())
     matmul += logits_matmul(spec).flops_per_token
-    attention = sum(attention_flops_per_token(spec, seq_len, causal, first[k]) * n for k, n in kinds.items())
+    attention = sum(attention_flops_per_token(spec, seq_len, causal, ls[0]) * len(ls) for ls in kinds.values())
     return 3.0 * (matmul + attention)
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from meshplan.errors import InputError
 from meshplan.specs.plan import Plan
-from meshplan.specs.rules import (backend_for_device, check_runtime_rules, float8_compile_reason, float8_device_reason,
-                                  microbatch_reason, tied_embeddings_reason, unsupported_fields)
+from meshplan.specs.rules import (backend_for_device, check_runtime_rules, float8_device_reason, microbatch_reason,
+                                  tied_embeddings_reason, unsupported_fields)
 
 
 @dataclass
@@ -88,14 +88,13 @@ def local_device_type() -> str:
 
 
 def check_device(plan: Plan, device: str | None = None) -> None:
-    """Refuse float8 on a GPU without fp8 tensor cores (this process's CUDA device, or GPU 0), or
-    uncompiled on any GPU (specs/rules.float8_compile_reason)."""
+    """Refuse float8 on a GPU without fp8 tensor cores (this process's CUDA device, or GPU 0).
+    Uncompiled float8 is refused against the plan's profile (plan_checks.check_against_profile)."""
     import torch
 
     if not plan.memory.float8 or not torch.cuda.is_available():
         return
-    why = (float8_device_reason(True, "cuda", torch.cuda.get_device_capability(device))
-           or float8_compile_reason(True, bool(plan.compile)))
+    why = float8_device_reason(True, "cuda", torch.cuda.get_device_capability(device))
     if why:
         raise InputError("memory.float8", why)
 

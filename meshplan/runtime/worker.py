@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from meshplan.errors import InputError
 from meshplan.runtime.checkpoint import CheckpointError
+from meshplan.runtime.launcher import ALLOCATOR_ENV_NAMES
 from meshplan.runtime.metrics import measured_summary, predicted, ratios
 from meshplan.runtime.options import RunOptions
 from meshplan.runtime.train import counts_live_tensors, run_training
@@ -105,7 +106,7 @@ def write_summary(plan: Plan, opts: RunOptions, rows, device: torch.device, back
 
 def allocator_conf() -> str | None:
     """The CUDA caching allocator's settings this worker runs under (launcher.worker_env sets them)."""
-    return os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    return next((os.environ[name] for name in ALLOCATOR_ENV_NAMES if os.environ.get(name)), None)
 
 
 def _version(dist_name: str) -> str | None:

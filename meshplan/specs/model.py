@@ -56,6 +56,9 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
+        """Query/key width of a head: MLA's (nope + rope), the one the model states, or dim / n_heads."""
+        if self.mla is not None:
+            return self.mla.qk_head_dim
         return self.attention_head_dim or self.dim // self.n_heads
 
     @property
@@ -151,6 +154,7 @@ class ModelSpec:
         n_heads = as_int(data["n_heads"], f"{field}.n_heads", 1)
         dim = as_int(data["dim"], f"{field}.dim", 1)
         n_kv = as_int(data.get("n_kv_heads", n_heads), f"{field}.n_kv_heads", 1)
+        n_layers = as_int(data["n_layers"], f"{field}.n_layers", 1)
         if dim % n_heads:
             raise InputError(f"{field}.dim", f"must be divisible by n_heads ({n_heads}), got {dim}")
         if n_heads % n_kv:
@@ -160,7 +164,7 @@ class ModelSpec:
             name=as_str(data["name"], f"{field}.name"),
             arch=arch,
             dim=dim,
-            n_layers=as_int(data["n_layers"], f"{field}.n_layers", 1),
+            n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=n_kv,
             ffn_dim=as_int(data["ffn_dim"], f"{field}.ffn_dim", 1),
@@ -169,7 +173,7 @@ class ModelSpec:
             max_seq_len=as_int(data.get("max_seq_len", defaults["max_seq_len"].default), f"{field}.max_seq_len", 1),
             norm_eps=as_float(data.get("norm_eps", defaults["norm_eps"].default), f"{field}.norm_eps", 0.0, True),
             rope_theta=as_float(data.get("rope_theta", defaults["rope_theta"].default), f"{field}.rope_theta", 0.0, True),
-            **_optional_parts(data, field, n_layers=as_int(data["n_layers"], f"{field}.n_layers", 1)),
+            **_optional_parts(data, field, n_layers),
         )
 
 

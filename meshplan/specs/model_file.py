@@ -75,10 +75,10 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, field: str = "model") -> M
 def _hf_attention(cfg: Mapping[str, Any], model_type: str, dim: int, heads: int, field: str) -> dict[str, Any]:
     """Head width, q/k norms, biases, sinks and MLA, under the names Qwen3, GPT-OSS and DeepSeek use."""
     out: dict[str, Any] = {}
-    if cfg.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention
-        mla = MLASpec.from_dict({k: cfg.get(k) or 0 if k == "q_lora_rank" else cfg.get(k)
-                                 for k in MLASpec.__dataclass_fields__}, f"{field}.mla")
-        out["mla"], out["attention_head_dim"] = mla, mla.qk_head_dim
+    if cfg.get("kv_lora_rank"):  # DeepSeek-V2/V3 multi-head latent attention (head widths its own)
+        fields = {k: cfg.get(k) for k in MLASpec.__dataclass_fields__}
+        fields["q_lora_rank"] = fields["q_lora_rank"] or 0  # null: queries without a bottleneck (V2-Lite)
+        out["mla"] = MLASpec.from_dict(fields, f"{field}.mla")
     elif cfg.get("head_dim") is not None:
         head_dim = as_int(cfg["head_dim"], f"{field}.head_dim", 1)
         if head_dim * heads != dim:

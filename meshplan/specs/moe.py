@@ -4,7 +4,7 @@ Each owns its shape, its validation and its parameter count."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from meshplan.errors import InputError
@@ -63,9 +63,6 @@ class MoESpec:
                    load_balance=as_choice(data.get("load_balance", "aux_loss"), f"{field}.load_balance", LOAD_BALANCE),
                    bias=as_bool(data.get("bias", False), f"{field}.bias"))
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
 class MLASpec:
@@ -100,6 +97,3 @@ class MLASpec:
                 raise InputError(f"{field}.{key}", "is required")
         return cls(q_lora_rank=as_int(data["q_lora_rank"], f"{field}.q_lora_rank", 0),
                    **{k: as_int(data[k], f"{field}.{k}", 1) for k in cls.__dataclass_fields__ if k != "q_lora_rank"})
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)

@@ -40,10 +40,10 @@ MOE_MODELS = [
          rope_theta=1e6, max_seq_len=40960, norm_eps=1e-6),
     # DeepSeek-V3 671B without its multi-token-prediction module (DeepSeek's 671B excludes it).
     _moe("deepseek-v3", 7168, 61, 128, 128, 18432, 129280, 256, 8, 2048, shared=1, dense_first=3, router="sigmoid",
-         load_balance="bias", attention_head_dim=192, rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
+         load_balance="bias", rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
          mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
     _moe("deepseek-v3-16b", 2048, 27, 16, 16, 10944, 102400, 64, 6, 1408, shared=2, dense_first=1,
-         attention_head_dim=192, rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
+         rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
          mla=MLASpec(q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
     # GPT-OSS as published (128-token sliding windows in every other layer) but for its clamped SwiGLU,
     # which changes kernels, not parameters or FLOPs.

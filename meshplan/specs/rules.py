@@ -185,14 +185,15 @@ def float8_device_reason(float8: bool, device_type: str, capability: tuple[int, 
 def model_priced_reason(spec: ModelSpec) -> str | None:
     """Why a model cannot be planned, estimated or run yet, or None. The cost model and the runtime
     build dense blocks with GQA attention whose query is as wide as the hidden state; a mixture-of-
-    experts MLP, MLA, another head width, attention biases or sinks would be priced and run as something
-    else (Qwen3's q/k norms pass: two per-head norms, left out of both). Their specs and parameter counts are complete (`meshplan models`)."""
+    experts MLP, MLA, another head width, sliding windows, attention biases or sinks would be priced
+    and run as something else (Qwen3's q/k norms pass: two per-head norms, left out of both). Their
+    specs, parameter counts and FLOPs are complete (`meshplan models`)."""
     if spec.dense_gqa:
         return None
     if spec.is_moe:
         return (f"{spec.name} is a mixture-of-experts model: expert parallelism and MoE costs are not yet "
                 "planned, priced or run (issues 28 and 29); `meshplan models` lists its parameters")
-    return (f"{spec.name}'s attention (MLA, a head width other than dim / n_heads, biases or sinks) "
+    return (f"{spec.name}'s attention (MLA, a head width other than dim / n_heads, sliding windows, biases or sinks) "
             "is not yet priced or run; use a dense GQA model")
 
 
