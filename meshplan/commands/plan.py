@@ -44,7 +44,7 @@ def build_plan_mapping(args) -> dict[str, Any]:
         "version": 1, "model": args.model, "cluster": args.cluster, "gpus": args.gpus,
         # dtype auto: bf16 where the device has a bf16 peak, else fp32 (a CPU profile).
         "training": {"seq_len": args.seq_len or AUTO, "global_batch": args.global_batch or AUTO, "dtype": AUTO},
-        "parallel": {}, "memory": {}, "compile": AUTO,
+        "parallel": {"ep": AUTO}, "memory": {}, "compile": AUTO,  # ep: searched for MoE models, 1 for dense
     }
     for text in args.fix:
         key, value = parse_assignment(text, "--fix")

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshplan.cost_models.moe import moe_tensors
+from meshplan.cost_models.saved_tensor import ActivationTensor
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import DEFAULT_SAC_OPS
 
@@ -63,41 +65,39 @@ def attention_core_only(ac: str, sac_ops, attention: str) -> bool:
     return ac == "selective" and attention == "eager" and sac_ops is None
 
 
-@dataclass(frozen=True)
-class ActivationTensor:
-    name: str
-    sac_kind: str  # the SAC op kind whose output this is (see specs.plan.SAC_OPS), or "other"
-    elements_per_token: float
-    shard: str
-    bytes_per_element: float | None = None  # None: the activation dtype
-    no_ac_saved: bool = True  # kept when there is no checkpointing at all
-
-
-def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH) -> list[ActivationTensor]:
-    """Tensors a block produces that backward may need, per token (seq_len: keys each query sees)."""
-    d, kv, f, a = spec.dim, spec.kv_dim, spec.ffn_dim, spec.n_heads
+def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH, layer: int | None = None,
+                  ep: int = 1, imbalance: float = 1.0) -> list[ActivationTensor]:
+    """Tensors block `layer` (default: the last) produces that backward may need, per token (seq_len: keys
+    each query sees); an MoE layer's MLP part is its own (moe.moe_tensors, with its EP degree and imbalance)."""
+    layer = spec.n_layers - 1 if layer is None else layer
+    d, kv, a = spec.dim, spec.kv_dim, spec.n_heads
+    q, v, o = spec.q_dim, spec.v_dim, spec.attn_out_dim
     # A norm's input is what its backward keeps (fused kernel); the fp32 composite keeps fp32 copies instead.
     norm_in_kept = not conv.norm_fp32
     t = [ActivationTensor("block_in", "other", d, "sp", no_ac_saved=norm_in_kept),
          ActivationTensor("attn_norm_out", "other", d, "gathered")]
     if conv.norm_fp32:
         t += [ActivationTensor("attn_norm_fp32", "other", 2 * d, "sp", 4.0)]
-    t += [ActivationTensor("q_mm", "qkv", d, "tp", no_ac_saved=False),
+    if spec.mla is not None:
+        # MLA's up-projections save their latent inputs (normed): the query and the key/value bottlenecks.
+        t += [ActivationTensor("q_latent", "other", spec.mla.q_lora_rank, "gathered"),
+              ActivationTensor("kv_latent", "other", spec.mla.kv_lora_rank, "gathered")]
+    t += [ActivationTensor("q_mm", "qkv", q, "tp", no_ac_saved=False),
           ActivationTensor("k_mm", "qkv", kv, "tp", no_ac_saved=False),
-          ActivationTensor("v_mm", "qkv", kv, "tp", no_ac_saved=False)]
+          ActivationTensor("v_mm", "qkv", v, "tp", no_ac_saved=False)]
     # Attention core inputs (q, k after RoPE; v) and output are what its backward needs.
-    t += [ActivationTensor("q_in", "other", d, "tp"), ActivationTensor("k_in", "other", kv, "tp"),
-          ActivationTensor("v_in", "other", kv, "tp")]
+    t += [ActivationTensor("q_in", "other", q, "tp"), ActivationTensor("k_in", "other", kv, "tp"),
+          ActivationTensor("v_in", "other", v, "tp")]
     if conv.attention == "eager":
         t += [ActivationTensor("softmax_out", "other", a * seq_len, "tp")]
         if conv.dropout:
             t += [ActivationTensor("attn_dropout_mask", "other", a * seq_len, "tp", 1.0),
                   ActivationTensor("attn_dropout_out", "other", a * seq_len, "tp")]
-    t += [ActivationTensor("attn_core_out", "attention", d, "tp")]
+    t += [ActivationTensor("attn_core_out", "attention", o, "tp")]
     if conv.attention == "flash":
         # The output projection saves its own input: the (batch, seq, heads*dim) contiguous copy of
         # the attention output, next to the (batch, heads, seq, dim) output SDPA keeps.
-        t += [ActivationTensor("attn_out_in", "other", d, "tp")]
+        t += [ActivationTensor("attn_out_in", "other", o, "tp")]
     t += [ActivationTensor("attn_out_mm", "attn_out", d, "none", no_ac_saved=False),
           ActivationTensor("attn_out_rs", "attn_out", d, "sp", no_ac_saved=False)]
     if conv.dropout:
@@ -106,6 +106,9 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH) -> 
           ActivationTensor("ffn_norm_out", "other", d, "gathered")]
     if conv.norm_fp32:
         t += [ActivationTensor("ffn_norm_fp32", "other", 2 * d, "sp", 4.0)]
+    if spec.is_moe_layer(layer):
+        return t + moe_tensors(spec, ep, imbalance) + [ActivationTensor("ffn_out_rs", "ffn_out", d, "sp", no_ac_saved=False)]
+    f = spec.ffn_dim
     if spec.arch == "llama":
         t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_in_1", "ffn_in", f, "tp"),
               ActivationTensor("ffn_act", "other", f, "tp", no_ac_saved=not conv.compiled),
@@ -136,12 +139,12 @@ def tensor_bytes_per_token(x: ActivationTensor, tp: int, sp: bool, act_bytes: fl
     return x.elements_per_token * per / _divisor(x.shard, tp, sp, conv)
 
 
-def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int) -> set[str]:
-    """Names of the tensors kept between a block's forward and its backward.
+def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int, layer: int | None = None) -> set[str]:
+    """Names of the tensors block `layer` (default: the last) keeps between its forward and its backward.
 
     sac_ops: the op kinds selective AC saves (None: DEFAULT_SAC_OPS), or TORCHTITAN_OP_POLICY.
     """
-    tensors = block_tensors(spec, 1, conv)
+    tensors = block_tensors(spec, 1, conv, layer)
     if ac == "none":
         return {x.name for x in tensors if x.no_ac_saved}
     if ac == "full":
@@ -156,32 +159,37 @@ def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int) ->
         if tp == 1:
             names -= {"attn_out_rs", "ffn_out_rs"}
             names.add("ffn_out_rs")  # w2's output is the reduce-scatter's when there is no TP
+        if spec.is_moe_layer(spec.n_layers - 1 if layer is None else layer):
+            names |= {"router_scores", "expert_in_0", "shared_in_0"}  # every other matmul's output, as in the MLP
         return names
     kinds = DEFAULT_SAC_OPS if sac_ops is None else sac_ops
     return {"block_in"} | {x.name for x in tensors if x.sac_kind in kinds}
 
 
 def activation_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, ac: str,
-                               sac_ops, act_bytes: float, conv: Convention = PYTORCH) -> float:
-    """Bytes one block keeps per token of its micro-batch, on one TP rank."""
+                               sac_ops, act_bytes: float, conv: Convention = PYTORCH, layer: int | None = None,
+                               ep: int = 1, imbalance: float = 1.0) -> float:
+    """Bytes block `layer` (default: the last) keeps per token of its micro-batch, on one TP rank."""
     if isinstance(sac_ops, list):
         sac_ops = tuple(sac_ops)
-    return _activation_bytes_per_token(spec, seq_len, tp, sp, ac, sac_ops, act_bytes, conv)
+    return _activation_bytes_per_token(spec, seq_len, tp, sp, ac, sac_ops, act_bytes, conv, layer, ep, imbalance)
 
 
 @lru_cache(maxsize=65536)
 def _activation_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, ac: str,
-                                sac_ops, act_bytes: float, conv: Convention) -> float:
-    keep = saved_names(spec, ac, sac_ops, conv, tp)
+                                sac_ops, act_bytes: float, conv: Convention, layer: int | None = None,
+                                ep: int = 1, imbalance: float = 1.0) -> float:
+    keep = saved_names(spec, ac, sac_ops, conv, tp, layer)
     return sum(tensor_bytes_per_token(x, tp, sp, act_bytes, conv)
-               for x in block_tensors(spec, seq_len, conv) if x.name in keep)
+               for x in block_tensors(spec, seq_len, conv, layer, ep, imbalance) if x.name in keep)
 
 
 @lru_cache(maxsize=65536)
 def recompute_peak_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, act_bytes: float,
-                                   conv: Convention = PYTORCH) -> float:
+                                   conv: Convention = PYTORCH, layer: int | None = None, ep: int = 1,
+                                   imbalance: float = 1.0) -> float:
     """Transient: the whole block's backward set, materialised while one checkpointed block recomputes."""
-    return activation_bytes_per_token(spec, seq_len, tp, sp, "none", None, act_bytes, conv)
+    return activation_bytes_per_token(spec, seq_len, tp, sp, "none", None, act_bytes, conv, layer, ep, imbalance)
 
 
 def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash") -> set[str]:

@@ -48,9 +48,19 @@ def collective_time(profile: ClusterProfile, collective: str, payload_bytes: flo
     if span.nodes <= 1:
         return calls * node_lat * 1e-6 + bus_factor(collective, n) * payload_bytes / (node_bw * 1e9)
     net_bw, net_lat = profile.collectives[profile.cluster_level()][collective].line_for(message)
+    if collective == "all_to_all":
+        return calls * net_lat * 1e-6 + _all_to_all_across_nodes(payload_bytes, span, net_bw, node_bw)
     busbw = min(net_bw * span.ranks_per_node, node_bw)
     latency = net_lat + (node_lat if span.ranks_per_node > 1 else 0.0)
     return calls * latency * 1e-6 + bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
+
+
+def _all_to_all_across_nodes(payload_bytes: float, span: GroupSpan, net_bw: float, node_bw: float) -> float:
+    """An all-to-all has no hierarchical shortcut: each rank sends the (n - r) / n of its buffer bound for
+    the other nodes' ranks through its own NIC (the network's per-device figure), while the (r - 1) / n
+    for its node's other ranks crosses the node level at the same time."""
+    n, r = span.size, span.ranks_per_node
+    return max((n - r) / n * payload_bytes / (net_bw * 1e9), (r - 1) / n * payload_bytes / (node_bw * 1e9))
 
 
 def p2p_time(profile: ClusterProfile, payload_bytes: float, crosses_node: bool) -> float:

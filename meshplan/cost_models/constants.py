@@ -51,6 +51,12 @@ class ModelConstants:
         8.0, 0.0, "attention layout copies (transpose/contiguous of q, k, v and the output): ~8 passes")
     activation_passes: float = const(5.0, 3.0, "SwiGLU silu(w1) * w3 / GELU: read 2, write 1, plus the silu itself")
     loss_passes: float = const(4.0, 2.0, "cross-entropy over fp32 logits: upcast, log-softmax, gather: ~4 passes each way")
+    moe_dropless_imbalance: float = const(
+        1.23, 1.0, "busiest EP rank's routed tokens over the mean, dropless routing with a real (not force-balanced) "
+        "router: FEPLB (arXiv 2604.19654) reports router imbalance wasting 18.6 % of GPU time per MoE layer of GLM-5 "
+        "(128 experts, EP 8, no auxiliary loss), i.e. busiest / mean = 1 / (1 - 0.186) = 1.23; one source, read "
+        "through a review of the paper, so an assumption to state, not a fit. Force-balanced runs (Megatron-Bridge's "
+        "benchmarks) are priced at 1")
     adamw_bytes_per_param: float = const(
         28.0, 28.0, "AdamW (fp32): read p, g, m, v and write p, m, v = 7 x 4 bytes (exact)")
 

@@ -11,15 +11,17 @@ from meshplan.cost_models.mfu import mfu as model_mfu, mfu_peak_name
 from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
-from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, model_flops_per_token
+from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, model_flops_per_token, sac_kind
 from meshplan.cost_models.host import pipeline_action_s, pipeline_actions, step_host_time
-from meshplan.cost_models.layout import Layout, layout_of, runtime_paths
+from meshplan.cost_models.layout import Layout, layout_of, representative_layers, runtime_paths, stage_block_kinds
 from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, kept_output_units, peak_rank_memory, stage_params,
                                          weight_pass_share)
+from meshplan.cost_models.moe import ep_span
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
-from meshplan.cost_models.timing import block_time, embedding_time, head_time
+from meshplan.cost_models.timing import BlockTime, block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
+from meshplan.specs.rules import ep_fsdp
 
 # Outer to inner, as TorchTitan builds its mesh: TP varies fastest so it stays inside a node.
 DEFAULT_MESH_ORDER = MESH_DIMS
@@ -120,26 +122,32 @@ class StageDurations:
     p2p: float
 
 
-def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], bt=None, head=None,
+def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], bts=None, head=None,
                     emb: float | None = None) -> StageDurations:
-    """What the pipeline simulation is fed: per-stage F / B / W durations and the stage-to-stage send."""
-    bt = bt if bt is not None else block_time(lay, prof, spans)
+    """What the pipeline simulation is fed: per-stage F / B / W durations and the stage-to-stage send.
+    `bts`: each block kind's BlockTime by representative layer (block_times)."""
+    bts = bts if bts is not None else block_times(lay, prof, spans)
     head = head if head is not None else head_time(lay, prof)
     emb = emb if emb is not None else embedding_time(lay, prof)
     n_stages = lay.n_stages
     act, w_act = pipeline_action_s(lay, prof.overheads)
     f, b, w = [], [], []
-    for s in range(n_stages):
-        layers = lay.stage_layers[s]
-        f.append(layers * bt.forward_with_comm + (emb if s == 0 else 0.0)
+    for s, kinds in enumerate(stage_block_kinds(lay.spec, lay.stage_layers)):
+        f.append(sum(n * bts[k].forward_with_comm for k, n in kinds) + (emb if s == 0 else 0.0)
                  + (head.forward if s == n_stages - 1 else 0.0) + act)
-        b.append(layers * bt.backward_input_with_comm + (head.backward if s == n_stages - 1 else 0.0) + act)
-        w.append(layers * bt.backward_weight + w_act)
+        b.append(sum(n * bts[k].backward_input_with_comm for k, n in kinds)
+                 + (head.backward if s == n_stages - 1 else 0.0) + act)
+        w.append(sum(n * bts[k].backward_weight for k, n in kinds) + w_act)
     p2p = 0.0
     if lay.pp > 1:
         payload = lay.tokens_per_micro * lay.hidden_bytes_per_token
         p2p = p2p_time(prof, payload, crosses_node=spans["pp"].nodes > 1)
     return StageDurations(f, b, w, p2p)
+
+
+def block_times(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> dict[int, BlockTime]:
+    """Each block kind's time, by its representative layer (layout.representative_layers)."""
+    return {layer: block_time(lay, prof, spans, layer) for layer in representative_layers(lay.spec)}
 
 
 def pipeline_schedule(plan: Plan, profile: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> ScheduleResult | None:
@@ -177,9 +185,11 @@ def profile_cache(prof: ClusterProfile) -> dict:
 
 def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     """What a block's time depends on: the key of its memo (stage_inputs) and of the planner's per-layer times."""
-    return ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
-            lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.elementwise_kernels,
-            lay.kv_repeated, lay.cp_attention, spans["tp"], spans["cp"])
+    key = ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
+           lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.elementwise_kernels,
+           lay.kv_repeated, lay.cp_attention, spans["tp"], spans["cp"])
+    # Expert parallelism changes MoE blocks only: a dense model's key stays as it was.
+    return key + (lay.ep, lay.moe_imbalance, spans["dp_shard"]) if lay.spec.is_moe else key
 
 
 @dataclass
@@ -187,21 +197,26 @@ class StepParts:
     """Everything of a step that needs no pipeline simulation: per-stage durations and per-rank work."""
 
     spans: dict[str, GroupSpan]
-    bt: Any
+    bts: dict[int, BlockTime]  # each block kind's time by representative layer (block_times)
     head: Any
     emb: float
     durations: StageDurations
     busy: tuple[float, ...]  # work per pipeline rank over the step (exact; the makespan is >= max)
 
+    @property
+    def bt(self) -> BlockTime:
+        """The last block's time (every block's, in a uniform model)."""
+        return self.bts[max(self.bts)]
+
 
 def stage_inputs(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> tuple:
-    """What stage_durations needs besides the split: (group spans, block time, head time, embedding time)."""
+    """What stage_durations needs besides the split: (group spans, block times, head time, embedding time)."""
     cache = profile_cache(prof)
     spans = group_spans(lay, prof, order)
     key = block_key(lay, spans)
     bt = cache.get(key)
     if bt is None:
-        bt = cache[key] = block_time(lay, prof, spans)
+        bt = cache[key] = block_times(lay, prof, spans)
     hkey = ("head", lay.spec, lay.tokens_per_micro, lay.tp, lay.dtype)
     he = cache.get(hkey)
     if he is None:
@@ -223,7 +238,7 @@ def rank_busy(lay: Layout, d: StageDurations) -> tuple[float, ...]:
 def compose_step(lay: Layout, prof: ClusterProfile, parts: StepParts, makespan: float) -> tuple[float, int, float, dict, float]:
     """Step time from a pipeline makespan: (step, critical rank, exposed data-parallel comm, its split, optimizer)."""
     crit = max(range(lay.pp), key=lambda r: parts.busy[r])
-    data_exposed, data_detail = _data_parallel_comm(lay, prof, parts.spans, crit, parts.busy[crit], parts.bt)
+    data_exposed, data_detail = _data_parallel_comm(lay, prof, parts.spans, crit, parts.busy[crit])
     optimizer = _optimizer_time(lay, prof, crit)
     step = makespan + data_exposed + optimizer + prof.overheads.step_overhead_s
     return step, crit, data_exposed, data_detail, optimizer
@@ -238,7 +253,7 @@ def step_time_lower_bound(lay: Layout, prof: ClusterProfile, order: tuple[str, .
 
 def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFAULT_MESH_ORDER) -> Estimate:
     parts = step_parts(lay, prof, order)
-    spans, bt, head, emb, d = parts.spans, parts.bt, parts.head, parts.emb, parts.durations
+    spans, bts, head, emb, d = parts.spans, parts.bts, parts.head, parts.emb, parts.durations
     kept_units = tuple(kept_output_units(lay)) if lay.pp > 1 and lay.pp_keeps_outputs else None
     if kept_units:
         res = simulate(lay.schedule, lay.pp, lay.v, lay.n_micro, d.forward, d.backward, d.weight, d.p2p,
@@ -252,7 +267,7 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
         makespan, busy, phases = parts.busy[0], parts.busy, ONE_RANK_PHASES
     step, crit, _, data_detail, optimizer = compose_step(lay, prof, parts, makespan)
 
-    time_s = _time_breakdown(lay, bt, head, emb, crit, busy[crit], makespan)
+    time_s = _time_breakdown(lay, bts, head, emb, crit, busy[crit], makespan)
     time_s.update(data_detail)
     time_s["optimizer"] = optimizer
     # The pipeline's own host work per action sits in the critical rank's busy time, not in its compute.
@@ -290,19 +305,25 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
     )
 
 
-def _time_breakdown(lay: Layout, bt, head, emb, crit: int, busy: float, makespan: float) -> dict[str, float]:
+def _time_breakdown(lay: Layout, bts: dict[int, BlockTime], head, emb, crit: int, busy: float,
+                    makespan: float) -> dict[str, float]:
     stages = [s for s in range(lay.n_stages) if stage_rank(s, lay.pp, lay.schedule) == crit]
-    layers = sum(lay.stage_layers[s] for s in stages)
+    kinds = stage_block_kinds(lay.spec, lay.stage_layers)
     m = lay.n_micro
+
+    def blocks(part) -> float:
+        return m * sum(n * part(bts[k]) for s in stages for k, n in kinds[s])
+
     extra = (emb if 0 in stages else 0.0) + (head.forward + head.backward if lay.n_stages - 1 in stages else 0.0)
-    compute = m * (layers * (bt.forward + bt.backward_input + bt.backward_weight) + extra)
     out = {
-        "compute": compute,
-        "recompute": m * layers * bt.recompute,
-        "tp_comm": m * layers * bt.tp_comm,
-        "cp_comm": m * layers * bt.cp_comm,
+        "compute": blocks(lambda bt: bt.forward + bt.backward_input + bt.backward_weight) + m * extra,
+        "recompute": blocks(lambda bt: bt.recompute),
+        "tp_comm": blocks(lambda bt: bt.tp_comm),
+        "cp_comm": blocks(lambda bt: bt.cp_comm),
         "pipeline_bubble": makespan - busy,
     }
+    if lay.spec.is_moe:
+        out["ep_comm"] = blocks(lambda bt: bt.ep_comm)
     return out
 
 
@@ -347,9 +368,11 @@ class DataParallelComm:
 
 def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int,
                        busy: float) -> DataParallelComm:
-    """FSDP all-gather / reduce-scatter and replica all-reduce of the critical rank, and what compute hides."""
+    """FSDP all-gather / reduce-scatter and replica all-reduce of the critical rank, and what compute hides.
+    Under EP the routed experts are gathered and reduced over their own, smaller FSDP group (ep_fsdp)."""
     sp = stage_params(lay, crit)
-    params = sp.total
+    routed = sp.routed if lay.ep > 1 else 0.0
+    params = sp.total - routed
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
     c = DataParallelComm(hideable=prof.overheads.fsdp_overlap * busy)
     units = sp.layers + 1  # FSDP groups one collective per block, plus the root (embedding, norm, head)
@@ -362,19 +385,34 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
                                                                  calls=units)
         c.tail_all_gather = collective_time(prof, "all_gather", sp.block * gather_bytes, span)
         c.tail_reduce_scatter = collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
+        efsdp = ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp)
+        if routed and efsdp > 1:
+            espan = _expert_fsdp_span(spans, lay)
+            moe_units = sum(n for k, n in sp.kinds if lay.spec.is_moe_layer(k))
+            c.all_gather += gathers * collective_time(prof, "all_gather", routed * gather_bytes, espan, calls=moe_units)
+            c.reduce_scatter += lay.grad_reductions * collective_time(prof, "reduce_scatter", routed * 4.0, espan,
+                                                                      calls=moe_units)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
-        c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", params * 4.0 / lay.fsdp_shard, span,
-                                                             calls=units)
+        local = sp.sharded(lay.fsdp_shard, ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp))
+        c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", local * 4.0, span, calls=units)
         c.tail_all_reduce = collective_time(prof, "all_reduce", sp.block * 4.0 / lay.fsdp_shard, span)
     return c
 
 
-def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int, busy: float, bt):
+def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int, busy: float):
     """Exposed FSDP all-gather / reduce-scatter and replica all-reduce: what compute cannot hide."""
     c = data_parallel_comm(lay, prof, spans, crit, busy)
     exposed, share = c.exposed, c.fsdp_share
     return exposed, {"fsdp_comm": exposed * share, "dp_comm": exposed * (1 - share)}
+
+
+def _expert_fsdp_span(spans: dict[str, GroupSpan], lay: Layout) -> GroupSpan:
+    """The routed experts' FSDP group (ep_fsdp): dp_shard x cp x tp less the EP group inside it."""
+    dims = [spans[d] for d in ("dp_shard", "cp", "tp")]
+    size = ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp)
+    on_node = dims[0].ranks_per_node * dims[1].ranks_per_node * dims[2].ranks_per_node
+    return GroupSpan(size, max(1, min(size, on_node // ep_span(spans, lay.ep, lay.cp, lay.tp).ranks_per_node)))
 
 
 def _fsdp_span(spans: dict[str, GroupSpan]) -> GroupSpan:
@@ -386,19 +424,26 @@ def _fsdp_span(spans: dict[str, GroupSpan]) -> GroupSpan:
 def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
     """AdamW's memory traffic, plus the step's host work outside the blocks (optimizer ops, data-parallel
     hooks and their collective calls; 0 unless the profile prices host work, see host.py)."""
-    local = stage_params(lay, rank).total / lay.fsdp_shard
+    local = stage_params(lay, rank).sharded(lay.fsdp_shard, ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp))
     return memory_bound_time(prof.device, local * (constants.MODEL.adamw_bytes_per_param + 4.0)) + step_host_time(lay, prof, rank)
 
 
 def _recompute_flops_per_token(lay: Layout) -> float:
+    """Model FLOPs (the MFU convention) recompute adds per token, over every block."""
     kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel)
     spec = lay.spec
-    flops = 0.0
-    for mm in layer_matmuls(spec):
-        if mm.kind in kinds:
-            flops += mm.flops_per_token
-        elif f"{mm.kind}_partial" in kinds:
-            flops += mm.flops_per_token * (spec.kv_dim / (spec.dim + 2 * spec.kv_dim) if mm.kind == "qkv" else 0.5)
-    if "attention" in kinds:
-        flops += attention_flops_per_token(spec, lay.seq_len, causal=False)
-    return flops * spec.n_layers
+    if not kinds:
+        return 0.0
+    total = 0.0
+    for layers in spec.block_kinds().values():
+        flops = 0.0
+        for mm in block_matmuls(spec, layers[0]):
+            kind = sac_kind(mm.kind)
+            if kind in kinds:
+                flops += mm.flops_per_token
+            elif f"{kind}_partial" in kinds:
+                flops += mm.flops_per_token * (spec.kv_dim / (spec.q_dim + 2 * spec.kv_dim) if kind == "qkv" else 0.5)
+        if "attention" in kinds:
+            flops += attention_flops_per_token(spec, lay.seq_len, causal=False, layer=layers[0])
+        total += flops * len(layers)
+    return total

@@ -18,7 +18,7 @@ from meshplan.specs.model import ModelSpec
 class Matmul:
     """One forward matmul per token: out = in[.., k] @ w[k, n]; `kind` names it for SAC and float8."""
 
-    kind: str  # qkv | attn_out | ffn_in | ffn_out | logits
+    kind: str  # qkv | attn_out | ffn_in | ffn_out | logits | router | expert_in | expert_out
     k: int
     n: int
 
@@ -27,14 +27,24 @@ class Matmul:
         return 2.0 * self.k * self.n
 
 
+# The selective-AC kind (specs.plan.SAC_OPS) an MoE layer's matmuls fall under: its router and experts'
+# gate/up projections feed the MLP's nonlinearity like ffn_in; the experts' down projection is ffn_out.
+_SAC_KIND = {"router": "ffn_in", "expert_in": "ffn_in", "expert_out": "ffn_out"}
+
+
+def sac_kind(kind: str) -> str:
+    return _SAC_KIND.get(kind, kind)
+
+
 def layer_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
     """The forward matmuls of one block of a dense model, as one TP rank sees them."""
     return block_matmuls(spec, spec.n_layers - 1, tp)
 
 
-def block_matmuls(spec: ModelSpec, layer: int, tp: int = 1) -> list[Matmul]:
-    """The forward matmuls of block `layer` that one token runs: its attention's, then its MLP's."""
-    return attention_matmuls(spec, tp) + mlp_matmuls(spec, layer, tp)
+def block_matmuls(spec: ModelSpec, layer: int, tp: int = 1, routed: bool = True) -> list[Matmul]:
+    """The forward matmuls of block `layer` that one token runs: its attention's, then its MLP's (without
+    an MoE layer's routed experts when not `routed`: the cost model times those as grouped GEMMs)."""
+    return attention_matmuls(spec, tp) + mlp_matmuls(spec, layer, tp, routed)
 
 
 def attention_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
@@ -52,16 +62,16 @@ def attention_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
             Matmul("attn_out", q // tp, d)]
 
 
-def mlp_matmuls(spec: ModelSpec, layer: int, tp: int = 1) -> list[Matmul]:
-    """The dense MLP, or what one token runs of an MoE layer: the router, then its top-k routed and the
-    shared experts (each a SwiGLU of the expert width)."""
+def mlp_matmuls(spec: ModelSpec, layer: int, tp: int = 1, routed: bool = True) -> list[Matmul]:
+    """The dense MLP, or what one token runs of an MoE layer: the router, then its top-k routed (unless
+    not `routed`) and the shared experts (each a SwiGLU of the expert width)."""
     d = spec.dim
     if not spec.is_moe_layer(layer):
         f = spec.ffn_dim
         ffn_in = [Matmul("ffn_in", d, f // tp)] * (2 if spec.arch == "llama" else 1)
         return ffn_in + [Matmul("ffn_out", f // tp, d)]
     moe = spec.moe
-    experts = moe.top_k + moe.shared_experts
+    experts = (moe.top_k if routed else 0) + moe.shared_experts
     f = moe.expert_ffn_dim
     return ([Matmul("router", d, moe.experts)] + [Matmul("expert_in", d, f // tp)] * (2 * experts)
             + [Matmul("expert_out", f // tp, d)] * experts)
@@ -90,9 +100,7 @@ def model_flops_per_token(spec: ModelSpec, seq_len: int, causal: bool = False) -
     """Training model FLOPs per token (the MFU convention above): the matmuls one token runs (the
     active experts only) and attention, forward and backward. `causal` halves attention, as
     Megatron-Core's num_floating_point_operations does (Megatron-Bridge's performance summaries)."""
-    kinds: dict[tuple, list[int]] = {}  # the blocks alike in what a token runs (one kind for a dense model)
-    for layer in range(spec.n_layers):
-        kinds.setdefault((spec.is_moe_layer(layer), spec.attention_window(layer)), []).append(layer)
+    kinds = spec.block_kinds()  # the blocks alike in what a token runs (one kind for a dense model)
     matmul = sum(sum(m.flops_per_token for m in block_matmuls(spec, ls[0])) * len(ls) for ls in kinds.values())
     matmul += logits_matmul(spec).flops_per_token
     attention = sum(attention_flops_per_token(spec, seq_len, causal, ls[0]) * len(ls) for ls in kinds.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshplan.cost_models import constants
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
 from meshplan.specs.rules import COMPOSITE, cp_attention_kind, cp_kv_repeated, profile_backend, rms_norm_kernel
@@ -59,6 +60,10 @@ class Layout:
     # Whether RMSNorm saves fp32 copies for its backward (no fused kernel on the backend, sub-fp32 dtype):
     # runtime_paths() sets it from the cluster's backend (specs/rules.py rms_norm_kernel).
     norm_fp32: bool = False
+    # Expert parallelism (specs/rules.ep_reason) and the busiest EP rank's routed load over the mean
+    # (moe.routing): 1 where routing is force-balanced; layout_of sets the dropless default for MoE models.
+    ep: int = 1
+    moe_imbalance: float = 1.0
 
     @property
     def dp(self) -> int:
@@ -111,10 +116,38 @@ class Layout:
         return self.pp * self.v
 
 
+@lru_cache(maxsize=65536)
+def stage_block_kinds(spec: ModelSpec, stage_layers: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per stage, (representative layer, count) for each kind of block it holds (ModelSpec.block_kind):
+    the stages hold consecutive layers, `stage_layers[s]` each. A uniform model has one kind."""
+    kinds = spec.block_kinds()
+    rep = {k: layers[0] for k, layers in kinds.items()}
+    out, start = [], 0
+    for n in stage_layers:
+        counts: dict[int, int] = {}
+        for layer in range(start, start + n):
+            r = rep[spec.block_kind(layer)]
+            counts[r] = counts.get(r, 0) + 1
+        out.append(tuple(sorted(counts.items())))
+        start += n
+    return tuple(out)
+
+
+def representative_layers(spec: ModelSpec) -> tuple[int, ...]:
+    """One layer of each block kind: the ones the cost model prices."""
+    return tuple(layers[0] for layers in spec.block_kinds().values())
+
+
 @lru_cache(maxsize=4096)
 def even_split(n_layers: int, n_stages: int) -> tuple[int, ...]:
     base, extra = divmod(n_layers, n_stages)
     return tuple(base + (1 if i < extra else 0) for i in range(n_stages))
+
+
+def default_imbalance(spec: ModelSpec) -> float:
+    """The routed load the cost model assumes of a plan: dropless routing with a real router for an MoE
+    model (constants.MODEL.moe_dropless_imbalance); validation sets 1 for force-balanced runs."""
+    return constants.MODEL.moe_dropless_imbalance if spec.is_moe else 1.0
 
 
 def runtime_paths(lay: Layout, prof) -> Layout:
@@ -140,4 +173,5 @@ def layout_of(plan: Plan) -> Layout:
         pp=pp, schedule=p.pp_schedule if pp > 1 else "1F1B", v=v, stage_layers=layers, cp=p.cp,
         ac=m.activation_checkpointing, sac_ops=tuple(m.sac_ops) if m.sac_ops is not None else None,
         float8=bool(m.float8), reshard_after_forward=bool(m.reshard_after_forward), compile=bool(plan.compile),
+        ep=int(p.ep), moe_imbalance=default_imbalance(plan.model),
     )

@@ -12,10 +12,11 @@ from functools import lru_cache
 
 from meshplan.cost_models.activations import (Convention, activation_bytes_per_token, convention_of,
                                               recompute_peak_bytes_per_token)
-from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.layout import Layout, stage_block_kinds
+from meshplan.cost_models.moe import rank_block_params
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import Overheads
-from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES, ep_fsdp
 
 GIB = 1024.0 ** 3
 # The memory phases (pipeline ScheduleResult.phases) of an unpipelined step: one activation set.
@@ -25,16 +26,23 @@ STATE_BYTES = {"params": 4.0, "grads": 4.0, "optimizer": 8.0}
 
 @dataclass
 class StageParams:
-    """Parameters one pipeline rank holds, per TP rank (before FSDP sharding)."""
+    """Parameters one pipeline rank holds (TP- and EP-sharded, before FSDP sharding)."""
 
     layers: int
-    block: float  # one block's parameters on a TP rank
+    block: float  # the largest of its blocks' parameters on a rank
     embedding: float  # input embedding (first stage)
     head: float  # final norm + output projection (last stage)
+    blocks: float  # all of its blocks' parameters on a rank
+    routed: float = 0.0  # of which routed experts: FSDP shards them over ep_fsdp, not dp_shard x cp
+    kinds: tuple[tuple[int, int], ...] = ()  # (representative layer, count) of its blocks (stage_block_kinds)
 
     @property
     def total(self) -> float:
-        return self.layers * self.block + self.embedding + self.head
+        return self.blocks + self.embedding + self.head
+
+    def sharded(self, fsdp_shard: int, routed_shard: int) -> float:
+        """What one rank keeps of them once FSDP has sharded them (rules.ep_fsdp for the routed experts)."""
+        return (self.total - self.routed) / fsdp_shard + self.routed / routed_shard
 
 
 @dataclass
@@ -53,23 +61,31 @@ class RankMemory:
 def stage_params(lay: Layout, rank: int, reached: int | None = None) -> StageParams:
     """Parameters of rank `rank`'s stages; with `reached`, of only the first `reached` of them that the
     backward pass reaches (the highest stage first)."""
-    return _stage_params(lay.spec, lay.pp, lay.schedule, lay.stage_layers, lay.tp, rank, reached)
+    return _stage_params(lay.spec, lay.pp, lay.schedule, lay.stage_layers, lay.tp, rank, reached, lay.ep)
 
 
 @lru_cache(maxsize=65536)
 def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], tp: int, rank: int,
-                  reached: int | None = None) -> StageParams:
+                  reached: int | None = None, ep: int = 1) -> StageParams:
     n_stages = len(stage_layers)
     stages = [s for s in reversed(range(n_stages)) if stage_rank(s, pp, schedule) == rank][:reached]
     layers = sum(stage_layers[s] for s in stages)
-    block = spec.layer_params() / tp
+    per_stage = stage_block_kinds(spec, stage_layers)
+    counts: dict[int, int] = {}
+    for s in stages:
+        for k, n in per_stage[s]:
+            counts[k] = counts.get(k, 0) + n
+    held = {k: rank_block_params(spec, k, tp, ep) for k in counts}
+    block = max((held[k][0] for k in counts), default=rank_block_params(spec, spec.n_layers - 1, tp, ep)[0])
+    blocks = sum(n * held[k][0] for k, n in counts.items())
+    routed = sum(n * held[k][1] for k, n in counts.items())
     first = 0 in stages
     last = (n_stages - 1) in stages
     emb = spec.embedding_params() / tp if first else 0.0
     head = (spec.head_params() - spec.dim) / tp + spec.dim if last else 0.0
     if spec.tied_embeddings and last and not first:
         head += spec.vocab_size * spec.dim / tp  # the tied matrix lives on both ends
-    return StageParams(layers, block, emb, head)
+    return StageParams(layers, block, emb, head, blocks, routed, tuple(sorted(counts.items())))
 
 
 @dataclass(frozen=True)
@@ -94,13 +110,14 @@ class _RankBasis:
 @lru_cache(maxsize=65536)
 def _rank_basis(lay: Layout, rank: int) -> _RankBasis:
     sp = stage_params(lay, rank)
-    p, shard = sp.total, lay.fsdp_shard
-    state = tuple(STATE_BYTES[k] * p / shard for k in ("params", "grads", "optimizer"))
+    local = sp.sharded(lay.fsdp_shard, ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp))
+    state = tuple(STATE_BYTES[k] * local for k in ("params", "grads", "optimizer"))
     tokens = lay.tokens_per_micro
     ac_transient = 0.0
     if lay.ac != "none":
-        ac_transient = tokens * recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes,
-                                                               _convention(lay))
+        ac_transient = tokens * max(recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes,
+                                                                   _convention(lay), k, lay.ep, lay.moe_imbalance)
+                                    for k, _ in sp.kinds) if sp.kinds else 0.0
     saved = loss_saved_bytes(lay) if sp.head and lay.pp > 1 else 0.0
     pp_buffers = 0.0
     if lay.pp > 1:
@@ -177,10 +194,12 @@ def _convention(lay: Layout) -> Convention:
 
 
 def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
-    """One in-flight unit: one stage's layers for one micro-batch, plus the hidden state handed on."""
-    per_layer = activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
-                                           lay.sac_ops, lay.act_bytes, _convention(lay))
-    return lay.tokens_per_micro * (per_layer * sp.layers / lay.v + lay.hidden_bytes_per_token)
+    """One in-flight unit: one stage's layers for one micro-batch (the rank's stages' average), plus the
+    hidden state handed on."""
+    layers = sum(n * activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac, lay.sac_ops,
+                                                lay.act_bytes, _convention(lay), k, lay.ep, lay.moe_imbalance)
+                 for k, n in sp.kinds)
+    return lay.tokens_per_micro * (layers / lay.v + lay.hidden_bytes_per_token)
 
 
 def weight_pass_share(lay: Layout) -> float:
@@ -337,7 +356,7 @@ def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
     # Root module (embedding, final norm, head) stays unsharded for the whole step.
     root = (sp.embedding + sp.head) * lay.act_bytes
     if not lay.reshard_after_forward or lay.pp > 1:
-        held = sp.layers * sp.block * gather_bytes
+        held = sp.blocks * gather_bytes
         # Under pipelining the fp32 accumulators are counted apart (grad_accumulators); the current
         # block's compute-dtype gradients sit beside them.
         grads = sp.block * grad_bytes if lay.pp > 1 else 2 * sp.block * grad_bytes

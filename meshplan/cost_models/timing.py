@@ -8,9 +8,11 @@ from meshplan.cost_models import constants
 from meshplan.cost_models.activations import attention_core_only, recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
-from meshplan.cost_models.flops import attention_flops_per_token, layer_matmuls, logits_matmul
+from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
 from meshplan.cost_models.host import block_host, embedding_host, head_host
 from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, moe_elementwise_elems, routed_expert_times,
+                                      routing)
 from meshplan.profiles.schema import ClusterProfile
 
 # Pass counts and FLOP ratios live in constants.MODEL, each with its source.
@@ -26,19 +28,22 @@ class BlockTime:
     recompute: float = 0.0
     tp_comm: float = 0.0  # exposed
     cp_comm: float = 0.0  # exposed
-    forward_passes: int = 1  # forward passes whose TP/CP comm is paid: 2 under full AC (recompute)
+    ep_comm: float = 0.0  # exposed: the MoE dispatch and combine all-to-alls (moe.py)
+    forward_passes: int = 1  # forward passes whose TP/CP/EP comm is paid: 2 under full AC (recompute)
     tp_comm_issued: float = 0.0  # before async TP hides its share
     cp_comm_issued: float = 0.0  # before the attention hides its share
+    ep_comm_issued: float = 0.0
     kinds: BlockCompute | None = None  # the compute above by kind of work (block_compute)
 
     @property
     def total(self) -> float:
-        return self.forward + self.backward_input + self.backward_weight + self.recompute + self.tp_comm + self.cp_comm
+        return (self.forward + self.backward_input + self.backward_weight + self.recompute + self.tp_comm
+                + self.cp_comm + self.ep_comm)
 
     @property
     def comm_per_pass(self) -> float:
-        """Exposed TP + CP comm of one pass (a forward, the recompute or the backward)."""
-        return (self.tp_comm + self.cp_comm) / (self.forward_passes + 1)
+        """Exposed TP + CP + EP comm of one pass (a forward, the recompute or the backward)."""
+        return (self.tp_comm + self.cp_comm + self.ep_comm) / (self.forward_passes + 1)
 
     @property
     def forward_with_comm(self) -> float:
@@ -66,8 +71,10 @@ class BlockCompute:
         return sum(self.matmul_by_kind.values())
 
 
-def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> BlockTime:
-    c = block_compute(lay, prof)
+def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int | None = None) -> BlockTime:
+    """Block `layer` (default: the last; any layer of a uniform model)."""
+    layer = lay.spec.n_layers - 1 if layer is None else layer
+    c = block_compute(lay, prof, layer)
     mm_fwd = c.matmul_forward
     bt = BlockTime(kinds=c)
     bt.forward = mm_fwd + c.attention_forward + c.elementwise_forward + c.float8_cast / 3
@@ -82,35 +89,57 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -
     # the gather path re-gathers K/V (saved local only) and reduce-scatters their gradients.
     cp_total = bt.cp_comm_issued = _cp_comm(lay, prof, spans) * (bt.forward_passes + CP_BACKWARD_GATHERS)
     bt.cp_comm = cp_total * (1 - prof.overheads.cp_overlap)
+    if lay.spec.is_moe_layer(layer) and lay.ep > 1:
+        r = _routing(lay)
+        ep_fwd = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, ep_span(spans, lay.ep, lay.cp, lay.tp))
+        bt.ep_comm = bt.ep_comm_issued = ep_fwd * (bt.forward_passes + 1)
     _add_host(bt, lay, prof)
     return bt
 
 
-def block_compute(lay: Layout, prof: ClusterProfile) -> BlockCompute:
-    """Matmuls, attention, memory-bound kernels and float8 casts of one block for one micro-batch."""
+def _routing(lay: Layout) -> Routing:
+    return routing(lay.spec, lay.tokens_per_micro, lay.tp, lay.ep, lay.moe_imbalance)
+
+
+def _forward_matmuls(lay: Layout, prof: ClusterProfile, layer: int, dtype: str) -> dict[str, float]:
+    """Forward seconds of block `layer`'s matmuls by kind: every token through the attention's, the dense
+    MLP's, the router's and the shared experts' (flops.block_matmuls); an MoE layer's routed experts as
+    the grouped GEMMs of its routing (moe.py)."""
+    dev, T, eff = prof.device, lay.tokens_per_micro, prof.overheads.kernel_efficiency
+    moe_layer = lay.spec.is_moe_layer(layer)
+    out: dict[str, float] = {}
+    for mm in block_matmuls(lay.spec, layer, lay.tp, routed=False):
+        out[mm.kind] = out.get(mm.kind, 0.0) + matmul_time(dev, T, mm.n, mm.k, dtype) / eff
+    if moe_layer:
+        for kind, t in routed_expert_times(lay.spec, _routing(lay), prof, dtype).items():
+            out[kind] = out.get(kind, 0.0) + t / eff
+    return out
+
+
+def block_compute(lay: Layout, prof: ClusterProfile, layer: int | None = None) -> BlockCompute:
+    """Matmuls, attention, memory-bound kernels and float8 casts of block `layer` (default: the last) for
+    one micro-batch."""
     dev, K = prof.device, constants.MODEL
     spec = lay.spec
+    layer = spec.n_layers - 1 if layer is None else layer
     T = lay.tokens_per_micro
     eff = prof.overheads.kernel_efficiency
     mm_dtype = "fp8" if lay.float8 and "fp8" in dev.peak_tflops else lay.dtype
-    fwd_by_kind: dict[str, float] = {}
-    for mm in layer_matmuls(spec, lay.tp):
-        t = matmul_time(dev, T, mm.n, mm.k, mm_dtype) / eff
-        fwd_by_kind[mm.kind] = fwd_by_kind.get(mm.kind, 0.0) + t
+    fwd_by_kind = _forward_matmuls(lay, prof, layer, mm_dtype)
     if lay.attention_kernel == "eager":
         att_fwd, att_bwd = _eager_attention(lay, prof)
     else:
-        att_flops = attention_flops_per_token(spec, lay.seq_len, causal=True) * T / lay.tp
+        att_flops = attention_flops_per_token(spec, lay.seq_len, causal=True, layer=layer) * T / lay.tp
         fwd_rate = attention_tflops(dev, lay.seq_len, lay.dtype, spec.head_dim)
         bwd_rate = attention_tflops(dev, lay.seq_len, lay.dtype, spec.head_dim, backward=True)
         att_fwd = att_flops / (fwd_rate * 1e12) / eff
         att_bwd = K.attention_backward_factor * att_flops / (bwd_rate * 1e12) / eff
     ring_fwd, ring_bwd = _ring_attention_bookkeeping(lay, prof)
     att_fwd, att_bwd = att_fwd + ring_fwd, att_bwd + ring_bwd
-    elem_fwd, elem_bwd = elementwise_times(lay, prof)
+    elem_fwd, elem_bwd = elementwise_times(lay, prof, layer)
     cast = 0.0
     if lay.float8:
-        cast_elems = sum(T * (mm.k + mm.n) + mm.k * mm.n for mm in layer_matmuls(spec, lay.tp))
+        cast_elems = sum(T * (mm.k + mm.n) + mm.k * mm.n for mm in block_matmuls(spec, layer, lay.tp))
         cast = memory_bound_time(dev, cast_elems * K.float8_cast_passes)
         if lay.compile:
             cast /= prof.overheads.compile_speedup
@@ -149,13 +178,14 @@ def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, 
         return 0.0
     spec = lay.spec
     t = 0.0
-    for kind, secs in fwd_by_kind.items():
+    for mm_kind, secs in fwd_by_kind.items():
+        kind = sac_kind(mm_kind)
         if kind in kinds:
             t += secs
         elif f"{kind}_partial" in kinds:
             # TorchTitan's op policy recomputes k of q/k/v and w3 of w1/w3 (every other matmul).
             if kind == "qkv":
-                t += secs * spec.kv_dim / (spec.dim + 2 * spec.kv_dim)
+                t += secs * spec.kv_dim / (spec.q_dim + 2 * spec.kv_dim)
             elif kind == "ffn_in" and spec.arch == "llama":
                 t += secs / 2
     if "attention" in kinds:
@@ -165,19 +195,19 @@ def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, 
     return t + elem_fwd
 
 
-def elementwise_times(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
-    """(forward, backward) seconds of one block's memory-bound elementwise kernels."""
+def elementwise_times(lay: Layout, prof: ClusterProfile, layer: int | None = None) -> tuple[float, float]:
+    """(forward, backward) seconds of block `layer`'s (default: the last) memory-bound elementwise kernels."""
     dev = prof.device
     if lay.elementwise_kernels == "megatron":
         fwd, bwd = _megatron_elementwise_bytes(lay)
         return memory_bound_time(dev, fwd), memory_bound_time(dev, bwd)
-    fwd = memory_bound_time(dev, _pytorch_elementwise_bytes(lay))
+    fwd = memory_bound_time(dev, _pytorch_elementwise_bytes(lay, lay.spec.n_layers - 1 if layer is None else layer))
     if lay.compile:
         fwd /= prof.overheads.compile_speedup
     return fwd, 2 * fwd
 
 
-def _pytorch_elementwise_bytes(lay: Layout) -> float:
+def _pytorch_elementwise_bytes(lay: Layout, layer: int) -> float:
     """Bytes one block's forward elementwise kernels move, as eager PyTorch runs them.
 
     Per element, in units of the activation size: two RMSNorm/LayerNorms computed in fp32 (cast,
@@ -188,8 +218,13 @@ def _pytorch_elementwise_bytes(lay: Layout) -> float:
     spec, K = lay.spec, constants.MODEL
     sp_div = lay.tp if lay.sp else 1
     per_token = (2 * K.norm_passes + 2 * K.residual_passes) * spec.dim / sp_div
-    rope = K.rope_passes * (spec.dim + spec.kv_dim) if spec.arch == "llama" else 0
-    per_token += (rope + K.layout_passes * (spec.dim + 2 * spec.kv_dim) + K.activation_passes * spec.ffn_dim) / lay.tp
+    rope = K.rope_passes * (spec.q_dim + spec.kv_dim) if spec.arch == "llama" else 0
+    # An MoE layer's SwiGLU runs over every routed pair's and shared expert's width (moe.py).
+    moe = spec.moe if spec.is_moe_layer(layer) else None
+    act_width = (moe.top_k + moe.shared_experts) * moe.expert_ffn_dim if moe else spec.ffn_dim
+    per_token += (rope + K.layout_passes * (spec.q_dim + spec.kv_dim + spec.v_dim) + K.activation_passes * act_width) / lay.tp
+    if moe:
+        per_token += moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp)
     return lay.tokens_per_micro * per_token * lay.act_bytes
 
 

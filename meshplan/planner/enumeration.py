@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshplan.cost_models.layout import Layout, even_split, runtime_paths
+from meshplan.cost_models.layout import Layout, default_imbalance, even_split, runtime_paths
 from meshplan.planner.placement import distinct_orders
 from meshplan.planner.space import SAC_ILP, Mesh, Space
 from meshplan.profiles.schema import ClusterProfile
@@ -63,7 +63,8 @@ class Enumeration:
                 dtype=s.dtype, dp_replicate=m.dp_replicate, dp_shard=m.dp_shard, tp=m.tp, sp=False,
                 async_tp=max(s.async_options(m.tp)), pp=m.pp, schedule="1F1B", v=1,
                 stage_layers=even_split(self.spec.n_layers, m.pp), cp=m.cp, ac="none", sac_ops=None, float8=False,
-                reshard_after_forward=True, compile=max(s.compile_options())), self.prof)
+                reshard_after_forward=True, compile=max(s.compile_options()), ep=m.ep,
+                moe_imbalance=default_imbalance(self.spec)), self.prof)
         return proto.with_(micro_batch=mb, sp=sp and m.tp > 1, ac=ac, sac_ops=sac if isinstance(sac, tuple) else None,
                            float8=f8, reshard_after_forward=reshard)
 

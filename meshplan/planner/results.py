@@ -27,6 +27,7 @@ class Candidate:
         t, par, mem = p.training, p.parallel, p.memory
         t.seq_len, t.global_batch, t.micro_batch, t.dtype = lay.seq_len, lay.global_batch, lay.micro_batch, lay.dtype
         par.dp_replicate, par.dp_shard, par.tp, par.cp, par.pp = lay.dp_replicate, lay.dp_shard, lay.tp, lay.cp, lay.pp
+        par.ep = lay.ep
         par.sequence_parallel, par.async_tp = lay.sp, lay.async_tp
         par.pp_schedule, par.pp_virtual_stages = lay.schedule, lay.v
         even = even_split(lay.spec.n_layers, lay.n_stages)

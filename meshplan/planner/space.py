@@ -4,7 +4,8 @@ A field that is 'auto' in the plan is searched over the options below; a fixed f
 option. Options of a knob depend only on the mesh degrees (e.g. async TP exists only with tp > 1),
 so a subtree's size is a product of option counts: the summary counts every leaf, not a sample.
 
-  degrees        every ordered factorisation gpus = dp_replicate * dp_shard * cp * tp * pp
+  degrees        every ordered factorisation gpus = dp_replicate * dp_shard * cp * tp * pp, and for an MoE
+                 model every EP degree that folds into dp_shard * cp * tp and divides the experts
   micro_batch    every divisor of global_batch
   seq. parallel  {true, false} with tp > 1            async TP  {false, true} with tp > 1
   pp schedule    all 7 with pp > 1; virtual stages 1 (GPipe, 1F1B), 2 (V-shaped), 1..4 (others)
@@ -28,7 +29,7 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
-from meshplan.specs.rules import (async_tp_reason, compile_reason, profile_backend, tied_embeddings_reason,
+from meshplan.specs.rules import (async_tp_reason, compile_reason, ep_reason, profile_backend, tied_embeddings_reason,
                                   uses_fully_shard)
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
@@ -64,13 +65,15 @@ class Mesh:
     cp: int
     tp: int
     pp: int
+    ep: int = 1  # expert parallelism, folded into dp_shard x cp x tp (specs/rules.ep_reason)
 
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
 
     def as_dict(self) -> dict[str, int]:
-        return {d: getattr(self, d) for d in DEGREES}
+        out = {d: getattr(self, d) for d in DEGREES}
+        return {**out, "ep": self.ep} if self.ep > 1 else out
 
 
 @dataclass
@@ -129,7 +132,7 @@ class Space:
                 cand = acc + [left]
                 m = Mesh(*cand)
                 if all(self._allowed(d, getattr(m, d), fixed[d]) for d in DEGREES):
-                    out.append(m)
+                    out.extend(Mesh(*cand, ep=e) for e in self.ep_options(m.dp_shard, m.cp, m.tp))
                 return
             for d in divisors(left):
                 if self._allowed(DEGREES[i], d, fixed[DEGREES[i]]):
@@ -142,6 +145,16 @@ class Space:
         if fixed != AUTO and value != fixed:
             return False
         return value not in self.excludes.get(f"parallel.{key}", [])
+
+    @memoized
+    def ep_options(self, dp_shard: int, cp: int, tp: int) -> list[int]:
+        """EP degrees that shard the routed experts on these degrees (1 alone for a dense model)."""
+        spec = self.plan.model
+        searched = [1] + ([e for e in divisors(spec.moe.experts) if e > 1 and ep_reason(spec, e, dp_shard, cp, tp) is None]
+                          if spec.is_moe else [])
+        fixed = self.plan.parallel.ep
+        opts = searched if fixed == AUTO else [fixed] if ep_reason(spec, fixed, dp_shard, cp, tp) is None else []
+        return [e for e in opts if e not in self.excludes.get("parallel.ep", [])]
 
     # -- per-mesh knob options -------------------------------------------------------------
     @memoized

@@ -15,7 +15,7 @@ from torch import nn
 
 from meshplan.errors import InputError
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.rules import model_priced_reason
+from meshplan.specs.rules import model_runs_reason
 
 @dataclass(frozen=True)
 class SeqLayout:
@@ -168,7 +168,7 @@ class Transformer(nn.Module):
 def build_model(spec: ModelSpec, device: str | torch.device = "meta") -> Transformer:
     """Build the whole model (on meta by default: no memory until materialised after sharding). Only
     the dense GQA blocks this file defines: anything else is refused rather than built as something else."""
-    why = model_priced_reason(spec)
+    why = model_runs_reason(spec)
     if why:
         raise InputError("model", why)
     with torch.device(device):

@@ -84,6 +84,32 @@ class ModelSpec:
         return self.n_kv_heads * self.head_dim
 
     @property
+    def q_dim(self) -> int:
+        """Width of the queries over all heads (dim for Llama and GPT; wider for Qwen3, GPT-OSS and MLA)."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the values attention reads: MLA's per-head value width, else the keys'."""
+        return self.n_heads * self.mla.v_head_dim if self.mla is not None else self.kv_dim
+
+    @property
+    def attn_out_dim(self) -> int:
+        """Width of attention's output, the output projection's input (one value per query head)."""
+        return self.n_heads * self.mla.v_head_dim if self.mla is not None else self.q_dim
+
+    def block_kind(self, layer: int) -> tuple[bool, int | None]:
+        """What makes blocks differ in cost: an MoE or a dense MLP, and the keys its attention sees."""
+        return self.is_moe_layer(layer), self.attention_window(layer)
+
+    def block_kinds(self) -> dict[tuple[bool, int | None], list[int]]:
+        """The model's layers grouped by block_kind, in layer order (one group for a uniform model)."""
+        kinds: dict[tuple[bool, int | None], list[int]] = {}
+        for layer in range(self.n_layers):
+            kinds.setdefault(self.block_kind(layer), []).append(layer)
+        return kinds
+
+    @property
     def ffn_matrices(self) -> int:
         return 3 if self.arch == "llama" else 2
 

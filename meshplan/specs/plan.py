@@ -11,7 +11,7 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import check_runtime_rules, model_priced_reason
+from meshplan.specs.rules import check_runtime_rules, ep_reason
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -51,6 +51,9 @@ class ParallelSpec:
     pp_virtual_stages: Any = AUTO
     pp_layers: Any = None
     cp: Any = AUTO
+    # Expert parallelism: routed experts split over `ep` ranks folded into dp_shard x cp x tp
+    # (specs/rules.ep_reason). 1 (no EP) for dense models; a plan file that omits it means 1.
+    ep: Any = 1
 
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
@@ -99,7 +102,7 @@ class Plan:
             "cluster": self.cluster,
             "gpus": self.gpus,
             "training": asdict(self.training),
-            "parallel": asdict(self.parallel),
+            "parallel": self._parallel_dict(),
             "memory": asdict(self.memory),
             "compile": self.compile,
         }
@@ -109,6 +112,12 @@ class Plan:
             out["mesh_order"] = list(self.mesh_order)
         if estimate is not None:
             out["estimate"] = estimate
+        return out
+
+    def _parallel_dict(self) -> dict[str, Any]:
+        out = asdict(self.parallel)
+        if not self.model.is_moe and out["ep"] in (1, AUTO):
+            del out["ep"]  # a dense plan reads as before parallel.ep existed
         return out
 
     def copy(self, **changes: Any) -> "Plan":
@@ -138,9 +147,6 @@ def plan_from_dict(data: Any) -> Plan:
         if key not in data:
             raise InputError(key, "is required")
     model = resolve_model(data["model"], "model")
-    why = model_priced_reason(model)
-    if why:
-        raise InputError("model", why)
     cluster = data["cluster"]
     if not isinstance(cluster, str) or not cluster:
         raise InputError("cluster", f"must be a built-in profile name or a path to a profile YAML, got {cluster!r}")
@@ -178,7 +184,7 @@ def _parse_parallel(raw: Any) -> ParallelSpec:
     reject_unknown(raw, [f.name for f in fields(ParallelSpec)], "parallel")
     d = ParallelSpec()
     ints = {k: as_int(raw.get(k, getattr(d, k)), f"parallel.{k}", 1, allow_auto=True)
-            for k in ("dp_replicate", "dp_shard", "tp", "pp", "pp_virtual_stages", "cp")}
+            for k in ("dp_replicate", "dp_shard", "tp", "pp", "pp_virtual_stages", "cp", "ep")}
     pp_layers = raw.get("pp_layers", None)
     if pp_layers is not None and pp_layers != AUTO:
         if not isinstance(pp_layers, list) or not pp_layers:
@@ -240,6 +246,13 @@ def check_consistency(plan: Plan) -> None:
             raise InputError("parallel.tp", f"must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads}), got {p.tp}")
         if m.ffn_dim % p.tp:
             raise InputError("parallel.tp", f"must divide ffn_dim ({m.ffn_dim}), got {p.tp}")
+        if m.moe is not None and _known(p.ep) and p.ep == 1 and m.moe.expert_ffn_dim % p.tp:
+            raise InputError("parallel.tp", f"must divide expert_ffn_dim ({m.moe.expert_ffn_dim}) with ep 1 "
+                                            f"(experts TP-sharded), got {p.tp}")
+    if _known(p.ep, p.dp_shard, p.cp, p.tp):
+        why = ep_reason(m, p.ep, p.dp_shard, p.cp, p.tp)
+        if why:
+            raise InputError("parallel.ep", why)
     degrees = [p.dp_replicate, p.dp_shard, p.cp, p.tp, p.pp]
     if _known(*degrees):
         prod = 1

@@ -2,7 +2,7 @@
 the reports, e.g. `fsdp16·tp4·pp4 I1F1B v4 mb1 SAC(qkv,att,fi) fp8 compile aTP`.
 
 Legend (LEGEND_ENTRIES): parallel degrees joined by `·` (ddp: replicas, fsdp: shards, hsdp: replicas x
-shards, cp, tp, pp; `1gpu` when there are none), the pipeline schedule and its virtual stages,
+shards, cp, tp, pp, then ep, which folds into the others; `1gpu` when there are none), the pipeline schedule and its virtual stages,
 `split` for an explicit stage split, the micro-batch, then the knobs that are on."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ OP_ABBREV = {"qkv": "qkv", "attention": "att", "attn_out": "ao", "ffn_in": "fi",
 # (a regex matching a label's word, the legend's entry), in the order a label writes them; a table's
 # legend lists the entries its rows use (cp, tp, pp, mb, fp8 and compile explain themselves).
 LEGEND_ENTRIES = (
-    (r"ddp\d", "ddpN replicas"), (r"fsdp\d", "fsdpN shards"), (r"hsdp\d", "hsdpRxS replicas x shards"),
+    (r"ep\d", "epN expert parallel, folded into fsdp x cp x tp"), (r"ddp\d", "ddpN replicas"), (r"fsdp\d", "fsdpN shards"), (r"hsdp\d", "hsdpRxS replicas x shards"),
     (r"I1F1B", "I1F1B Interleaved1F1B"), (r"LBFS", "LBFS LoopedBFS"), (r"IZB", "IZB InterleavedZeroBubble"),
     (r"ZBV", "ZBV ZBVZeroBubble"), (r"DPV", "DPV DualPipeV"), (r"v\d+", "vN virtual stages"),
     (r"split", "split uneven pp_layers"), (r"AC", "AC full AC"),
@@ -44,6 +44,8 @@ def _degrees(plan: Plan) -> list[str]:
     elif p.dp_replicate > 1:
         out.append(f"ddp{p.dp_replicate}")
     out += [f"{name}{getattr(p, name)}" for name in ("cp", "tp", "pp") if getattr(p, name) > 1]
+    if p.ep not in (1, "auto"):
+        out.append(f"ep{p.ep}")  # folded into the degrees before it: it adds no GPUs
     return out or ["1gpu"]
 
 

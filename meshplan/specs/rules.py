@@ -112,6 +112,9 @@ def unsupported_fields(plan: Plan, backend: str) -> list[tuple[str, str]]:
     """(field, reason) for every field of a complete plan the runtime cannot honour on `backend`."""
     out: list[tuple[str, str]] = []
     p = plan.parallel
+    why = model_runs_reason(plan.model)
+    if why:
+        out.append(("model", why))
     if p.async_tp:
         why = async_tp_reason(int(p.tp), bool(plan.compile), backend)
         if why:
@@ -182,19 +185,50 @@ def float8_device_reason(float8: bool, device_type: str, capability: tuple[int, 
     return None
 
 
-def model_priced_reason(spec: ModelSpec) -> str | None:
-    """Why a model cannot be planned, estimated or run yet, or None. The cost model and the runtime
-    build dense blocks with GQA attention whose query is as wide as the hidden state; a mixture-of-
-    experts MLP, MLA, another head width, sliding windows, attention biases or sinks would be priced
-    and run as something else (Qwen3's q/k norms pass: two per-head norms, left out of both). Their
-    specs, parameter counts and FLOPs are complete (`meshplan models`)."""
+def model_runs_reason(spec: ModelSpec) -> str | None:
+    """Why the runtime cannot build this model yet, or None. It builds dense blocks with GQA attention whose
+    query is as wide as the hidden state; a mixture-of-experts MLP, MLA, another head width, sliding
+    windows, attention biases or sinks would run as something else. The cost model prices them all
+    (plan and estimate take them); `run` refuses them in one line."""
     if spec.dense_gqa:
         return None
     if spec.is_moe:
-        return (f"{spec.name} is a mixture-of-experts model: expert parallelism and MoE costs are not yet "
-                "planned, priced or run (issues 28 and 29); `meshplan models` lists its parameters")
+        return (f"{spec.name} is a mixture-of-experts model: planned and priced, but the runtime does not build "
+                "MoE layers or expert parallelism yet (issue 29)")
     return (f"{spec.name}'s attention (MLA, a head width other than dim / n_heads, sliding windows, biases or sinks) "
-            "is not yet priced or run; use a dense GQA model")
+            "is planned and priced but not yet built by the runtime; use a dense GQA model to run")
+
+
+EP_FOLDING = "expert parallelism that does not fold into dp_shard x cp x tp or divide the experts"
+
+
+def ep_reason(spec: ModelSpec, ep: int, dp_shard: int, cp: int, tp: int) -> str | None:
+    """Why `ep` cannot shard this model's routed experts on this mesh, or None. TorchTitan's folding
+    (ParallelDims, expert-TP 1): the `ep` mesh dimension is made of all of tp and cp and the inner
+    ep / (cp*tp) of dp_shard, so ep must be a multiple of cp*tp and divide dp_shard*cp*tp; the routed
+    experts are Shard(0) over it, so ep must divide their count; what is left of dp_shard*cp*tp
+    (ep_fsdp) FSDP-shards them. With ep = 1 the experts are TP-sharded like the dense MLP."""
+    if ep == 1:
+        return None
+    if spec.moe is None:
+        return f"must be 1 for {spec.name}, a dense model (no experts to shard), got {ep}"
+    if spec.moe.experts % ep:
+        return f"must divide the routed experts ({spec.moe.experts}), got {ep}"
+    if ep % (cp * tp) or (dp_shard * cp * tp) % ep:
+        return (f"must be a multiple of cp*tp ({cp * tp}) dividing dp_shard*cp*tp ({dp_shard * cp * tp}): "
+                f"EP folds into the data, context and tensor dimensions, got {ep}")
+    return None
+
+
+def ep_fsdp(ep: int, dp_shard: int, cp: int, tp: int) -> int:
+    """Ranks the routed experts are FSDP-sharded over (TorchTitan's efsdp): the rest of dp_shard x cp x tp
+    once EP has taken its part; with ep = 1 the experts are TP-sharded and FSDP shards over dp_shard x cp."""
+    return dp_shard * cp if ep == 1 else dp_shard * cp * tp // ep
+
+
+def expert_tp(ep: int, tp: int) -> int:
+    """TP degree inside each routed expert: the dense MLP's with ep = 1, none (expert-TP 1) under EP."""
+    return tp if ep == 1 else 1
 
 
 FLOAT8_UNCOMPILED = "float8 without compile on a GPU"

@@ -28,7 +28,7 @@ def _layout(**kw) -> Layout:
 
 
 def _exposed(lay: Layout) -> float:
-    return _data_parallel_comm(lay, NO_OVERLAP, group_spans(lay, NO_OVERLAP), 0, 1.0, None)[0]
+    return _data_parallel_comm(lay, NO_OVERLAP, group_spans(lay, NO_OVERLAP), 0, 1.0)[0]
 
 
 def test_fsdp_reduce_scatters_every_micro_batch_by_hand():

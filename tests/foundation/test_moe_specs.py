@@ -1,5 +1,6 @@
 """Mixture-of-experts model specs: parameter counts by hand and against the publishers' totals, the
-Hugging Face config import, and the refusals (a bad MoE field; a plan of a model not yet priced)."""
+Hugging Face config import, and the refusals (a bad MoE field; an EP degree that cannot shard the experts;
+a run of a model the runtime does not build yet)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from meshplan.specs.model import ModelSpec
 from meshplan.specs.model_file import from_hf_config
 from meshplan.specs.plan import plan_from_dict
 from meshplan.specs.registry import BUILTIN_MODELS, resolve_model
+from meshplan.specs.rules import ep_fsdp, ep_reason, unsupported_fields
 
 
 def test_mixtral_8x7b_by_hand_and_mistrals_totals():
@@ -143,10 +145,59 @@ def test_bad_moe_fields_name_themselves(edit, field):
 
 
 @pytest.mark.parametrize("name", ["tiny-moe", "deepseek-v3", "gpt-oss-120b"])
-def test_a_plan_of_a_model_not_yet_priced_is_refused(name):
+def test_a_moe_plan_loads_and_run_refuses_it_in_one_line(name):
+    partial = plan_from_dict({"model": name, "cluster": "h100-80g-dgx", "gpus": 8})
+    assert partial.parallel.ep == 1  # a plan file that omits ep means 1
+    plan = plan_from_dict({**_mesh(1, model=name), "compile": True,
+                           "training": {"seq_len": 4096, "global_batch": 8, "micro_batch": 1},
+                           "memory": {"activation_checkpointing": "none", "float8": False, "reshard_after_forward": True},
+                           "parallel": {**_mesh(1)["parallel"], "sequence_parallel": False, "async_tp": False,
+                                        "pp_schedule": "1F1B", "pp_virtual_stages": 1}})
+    (field, why), *_ = unsupported_fields(plan, "nccl")
+    assert field == "model" and name in why and "\n" not in why
+
+
+def _mesh(ep, dp_shard=8, cp=1, tp=1, model="tiny-moe", gpus=8):
+    return {"model": model, "cluster": "h100-80g-dgx", "gpus": gpus,
+            "parallel": {"dp_replicate": 1, "dp_shard": dp_shard, "cp": cp, "tp": tp, "pp": 1, "ep": ep}}
+
+
+@pytest.mark.parametrize("ep, dp_shard, cp, tp, words", [
+    (3, 6, 1, 1, "must divide the routed experts (8)"),        # 8 experts: 3 does not divide them
+    (16, 8, 1, 2, "must divide the routed experts (8)"),
+    (2, 2, 4, 1, "multiple of cp*tp (4)"),                       # EP must take all of CP and TP ...
+    (2, 2, 2, 2, "multiple of cp*tp (4)"),
+    (2, 1, 1, 1, "dividing dp_shard*cp*tp (1)"),              # ... and fit inside dp_shard*cp*tp
+])
+def test_an_ep_that_cannot_shard_the_experts_is_refused(ep, dp_shard, cp, tp, words):
     with pytest.raises(InputError) as err:
-        plan_from_dict({"model": name, "cluster": "h100-80g-dgx", "gpus": 8})
-    assert err.value.field == "model" and name in str(err.value)
+        plan_from_dict(_mesh(ep, dp_shard, cp, tp, gpus=dp_shard * cp * tp))
+    assert err.value.field == "parallel.ep" and words in str(err.value)
+
+
+def test_ep_folds_into_dp_shard_cp_tp_by_hand():
+    # 8 experts: ep 8 over dp_shard 4 x tp 2 (TorchTitan: ep % (cp*tp) == 0, (dp_shard*cp*tp) % ep == 0).
+    assert ep_reason(BUILTIN_MODELS["tiny-moe"], 8, 4, 1, 2) is None
+    assert ep_reason(BUILTIN_MODELS["tiny-moe"], 4, 4, 1, 2) is None
+    assert ep_fsdp(4, 4, 1, 2) == 2 and ep_fsdp(8, 4, 1, 2) == 1 and ep_fsdp(1, 4, 1, 2) == 4
+    assert "dense model" in ep_reason(BUILTIN_MODELS["llama3-8b"], 2, 2, 1, 1)
+    with pytest.raises(InputError) as err:
+        plan_from_dict({**_mesh(2, dp_shard=2), "model": "llama3-8b", "gpus": 2})
+    assert err.value.field == "parallel.ep"
+
+
+def test_top_k_above_the_experts_is_refused_in_a_plan():
+    model = {**BUILTIN_MODELS["tiny-moe"].to_dict(), "name": "bad"}
+    model["moe"] = {**model["moe"], "top_k": 9}
+    with pytest.raises(InputError) as err:
+        plan_from_dict({**_mesh(1), "model": model})
+    assert err.value.field == "model.moe.top_k" and "at most experts (8)" in str(err.value)
+
+
+def test_dense_plan_files_do_not_gain_an_ep_field():
+    dense = plan_from_dict({"model": "llama3-8b", "cluster": "h100-80g-dgx", "gpus": 8})
+    assert "ep" not in dense.to_dict()["parallel"]
+    assert plan_from_dict(_mesh(8)).to_dict()["parallel"]["ep"] == 8
 
 
 def test_sliding_window_layers_from_config():

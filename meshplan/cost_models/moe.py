@@ -1,0 +1,129 @@
+"""A mixture-of-experts layer's costs in one place: how tokens are routed on a rank, its grouped expert
+GEMMs, the dispatch and combine all-to-alls, the routed experts' parameters per rank, and the tensors
+it keeps for backward.
+
+How the layer runs (TorchTitan's expert parallelism, expert-TP 1; specs/rules.ep_reason):
+- ep = 1: every rank holds every routed expert, TP-sharded like the dense MLP (each TP rank runs all of
+  its micro-batch's tokens through its slice of each expert); no all-to-all.
+- ep > 1: each rank holds experts / ep whole experts. It dispatches its sequence-parallel share of
+  the micro-batch (tokens / tp) to the ranks holding their top-k experts (one all-to-all), runs the
+  tokens it receives through its local experts as one grouped GEMM, and combines them back (one
+  all-to-all); backward repeats both. Balanced routing gives each rank as many token-expert pairs as
+  it dispatched; the busiest rank runs `imbalance` times that.
+- Shared experts and the router run on every token like the dense MLP (TP-sharded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.cost_models.comm import GroupSpan, collective_time
+from meshplan.cost_models.compute import matmul_time
+from meshplan.cost_models.saved_tensor import ActivationTensor
+from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.rules import expert_tp
+
+
+@dataclass(frozen=True)
+class Routing:
+    """One micro-batch through one MoE layer on the busiest rank of its EP group."""
+
+    dispatched: float  # tokens this rank routes (its share of the micro-batch)
+    pairs: float  # token-expert pairs its local experts run (imbalance included)
+    local_experts: int
+    width: int  # FFN width of a local expert on this rank (expert_ffn_dim / expert TP)
+
+    @property
+    def tokens_per_expert(self) -> float:
+        return self.pairs / self.local_experts
+
+
+def routing(spec: ModelSpec, tokens: float, tp: int, ep: int, imbalance: float) -> Routing:
+    """`tokens`: the micro-batch's tokens on one rank (after CP). Imbalance binds only under EP: with
+    every expert local, a rank runs all of its tokens' pairs however the router spreads them."""
+    moe = spec.moe
+    if ep == 1:
+        return Routing(tokens, tokens * moe.top_k, moe.experts, moe.expert_ffn_dim // tp)
+    dispatched = tokens / tp
+    return Routing(dispatched, dispatched * moe.top_k * imbalance, moe.experts // ep, moe.expert_ffn_dim)
+
+
+def routed_expert_times(spec: ModelSpec, r: Routing, prof: ClusterProfile, dtype: str) -> dict[str, float]:
+    """Forward seconds of the local experts' grouped GEMMs by matmul kind: per expert, gate and up
+    (dim -> width) and down (width -> dim) over the tokens routed to it, each timed as the matmul of that
+    shape (compute.matmul_time: thin groups fall to the memory roofline)."""
+    d, m, w = spec.dim, r.tokens_per_expert, r.width
+    n = r.local_experts
+    return {"expert_in": n * 2 * matmul_time(prof.device, m, w, d, dtype),
+            "expert_out": n * matmul_time(prof.device, m, d, w, dtype)}
+
+
+def dispatch_bytes(spec: ModelSpec, r: Routing, act_bytes: float) -> float:
+    """One all-to-all's payload on the busiest rank: a hidden vector per token-expert pair it receives
+    (tokens travel in the compute dtype; float8 dispatch is not modelled)."""
+    return r.pairs * spec.dim * act_bytes
+
+
+def ep_comm_forward(spec: ModelSpec, r: Routing, ep: int, act_bytes: float, prof: ClusterProfile,
+                    span: GroupSpan) -> float:
+    """Dispatch and combine of one forward (0 without EP). Neither overlaps compute: TorchTitan's
+    all-to-alls (without DeepEP) are synchronous in the MoE layer's forward and backward."""
+    if ep == 1:
+        return 0.0
+    return 2 * collective_time(prof, "all_to_all", dispatch_bytes(spec, r, act_bytes), span)
+
+
+def ep_span(spans: dict[str, GroupSpan], ep: int, cp: int, tp: int) -> GroupSpan:
+    """The EP group on the cluster: all of tp and cp and the inner ep / (cp*tp) of dp_shard
+    (rules.ep_reason), so as many of its ranks share a node as those groups' members do."""
+    inner = spans["tp"].ranks_per_node * spans["cp"].ranks_per_node
+    return GroupSpan(ep, inner * min(ep // (cp * tp), spans["dp_shard"].ranks_per_node))
+
+
+def routed_params(spec: ModelSpec, layer: int) -> int:
+    """Parameters of block `layer`'s routed experts (0 in a dense block)."""
+    if not spec.is_moe_layer(layer):
+        return 0
+    return spec.moe.experts * spec.moe.expert_params(spec.dim)
+
+
+def rank_block_params(spec: ModelSpec, layer: int, tp: int, ep: int) -> tuple[float, float]:
+    """(all, routed) parameters of block `layer` one rank holds unsharded by FSDP: the routed experts
+    split over EP (and TP with ep = 1), the rest over TP."""
+    routed = routed_params(spec, layer)
+    local_routed = routed / (ep * expert_tp(ep, tp))
+    return (spec.block_params(layer) - routed) / tp + local_routed, local_routed
+
+
+def moe_tensors(spec: ModelSpec, ep: int, imbalance: float) -> list[ActivationTensor]:
+    """What an MoE layer keeps for backward, per token of the micro-batch on one rank, in place of the
+    dense MLP's: the router's logits and scores (fp32), the dispatched tokens in expert order, each local
+    expert's gate and up outputs, SwiGLU product and down output over the pairs it runs, and the shared
+    experts like a dense MLP of their width. Routed tensors are per pair: top_k pairs per dispatched
+    token, scaled by the busiest rank's imbalance; under EP a rank dispatches its tp-th of the tokens
+    (shard "tp"), without EP each TP rank runs every token through its width slice."""
+    moe = spec.moe
+    d, f, k = spec.dim, moe.expert_ffn_dim, moe.top_k * (imbalance if ep > 1 else 1.0)
+    token_shard = "tp" if ep > 1 else "gathered"
+    t = [ActivationTensor("router_scores", "other", 2 * moe.experts, "gathered", 4.0),
+         ActivationTensor("routed_in", "other", k * d, token_shard),
+         ActivationTensor("expert_in_0", "ffn_in", k * f, "tp"), ActivationTensor("expert_in_1", "ffn_in", k * f, "tp"),
+         ActivationTensor("expert_gated", "other", k * f, "tp"),
+         # The combine weighs each expert output by its router score: the score's gradient needs the output.
+         ActivationTensor("expert_out_mm", "ffn_out", k * d, token_shard)]
+    if moe.shared_experts:
+        s = moe.shared_experts * f
+        t += [ActivationTensor("shared_in_0", "ffn_in", s, "tp"), ActivationTensor("shared_in_1", "ffn_in", s, "tp"),
+              ActivationTensor("shared_gated", "other", s, "tp")]
+    return t
+
+
+def moe_elementwise_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int) -> float:
+    """Elements per token one MoE layer's memory-bound kernels pass over in the forward beyond the SwiGLU
+    activation: the router's softmax/sigmoid and top-k over the expert scores, and the permutation of the
+    dispatched tokens into expert order and back (gather and scatter, each read and written)."""
+    moe = spec.moe
+    k = moe.top_k * (imbalance if ep > 1 else 1.0)
+    share = 1.0 / tp if ep > 1 else 1.0
+    return 3 * moe.experts * share + 4 * k * spec.dim * share
