@@ -36,6 +36,9 @@ CASES = [
     ["--model", "llama70b", "--gpus", "384"],
     ["--model", "llama3-405b", "--gpus", "4096"],
     ["--model", "tiny-4l", "--gpus", "2", "--cluster", "cpu-gloo"],
+    # Mixture-of-experts (issue 28's targets: at most 3 s each).
+    ["--model", "qwen3-235b-a22b", "--gpus", "256"],
+    ["--model", "deepseek-v3", "--gpus", "2048"],
 ]
 
 
@@ -69,7 +72,8 @@ def run(args: list[str], keep: Path | None = None) -> dict:
             b = data["best"]
             p = b["plan"]["parallel"]
             row["best"] = (f"dp_rep {p['dp_replicate']} x dp_shard {p['dp_shard']} x cp {p['cp']} x tp {p['tp']} "
-                           f"x pp {p['pp']} ({p['pp_schedule']} v{p['pp_virtual_stages']}); "
+                           f"x pp {p['pp']} ({p['pp_schedule']} v{p['pp_virtual_stages']})"
+                           + (f", ep {p['ep']}" if "ep" in p else "") + "; "
                            f"{b['tokens_per_s_per_gpu']:,.0f} tok/s/GPU, MFU {b['mfu']:.1%}, "
                            f"{b['peak_memory_gib']:.1f} GiB")
         return row

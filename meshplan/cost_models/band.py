@@ -41,15 +41,15 @@ def device_class(device_name: str) -> str:
 def features(plan: Plan) -> dict[str, Any]:
     p = plan.parallel
     return {"device": device_class(load_profile(plan.cluster).device.name), "gpus": plan.gpus,
-            "tp": p.tp, "pp": p.pp, "cp": p.cp, "fsdp": p.dp_shard, "float8": bool(plan.memory.float8),
-            "stack": "pytorch"}
+            "tp": p.tp, "pp": p.pp, "cp": p.cp, "fsdp": p.dp_shard, "ep": p.ep, "float8": bool(plan.memory.float8),
+            "moe": plan.model.is_moe, "stack": "pytorch"}
 
 
 def distance(a: dict[str, Any], b: dict[str, Any]) -> float:
-    """How far apart two runs are: another device class counts 3, a factor 8 in GPUs 1, each parallel
-    dimension used by one and not the other 1, another precision 1."""
-    d = 3.0 * (a["device"] != b["device"]) + abs(math.log2(a["gpus"] / b["gpus"])) / 3
-    d += sum((a[k] > 1) != (b[k] > 1) for k in ("tp", "pp", "cp", "fsdp"))
+    """How far apart two runs are: another device class counts 3, a dense model against an MoE one 2, a
+    factor 8 in GPUs 1, each parallel dimension used by one and not the other 1, another precision 1."""
+    d = 3.0 * (a["device"] != b["device"]) + 2.0 * (a["moe"] != b["moe"]) + abs(math.log2(a["gpus"] / b["gpus"])) / 3
+    d += sum((a[k] > 1) != (b[k] > 1) for k in ("tp", "pp", "cp", "fsdp", "ep"))
     return d + (a["float8"] != b["float8"])
 
 

@@ -14,7 +14,7 @@ from typing import Callable
 
 from meshplan.cost_models import constants
 from meshplan.cost_models.constants import PROFILE_CONSTANTS, ProfileConstant
-from meshplan.cost_models.published import PublishedRow, korthikanti_layer_rows, megatron_rows, torchtitan_rows
+from meshplan.cost_models.published import MEGATRON_BRIDGE_MOE, PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
 
@@ -25,7 +25,7 @@ CONVERGED = 1e-3  # a sweep that moves no constant by more than this share of it
 
 
 def training_rows() -> list[PublishedRow]:
-    return [r for r in megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() if not r.skipped]
+    return [r for r in all_training_rows() if not r.skipped]
 
 
 def loader(transform: Transform | None = None) -> Callable[[str], ClusterProfile]:
@@ -268,15 +268,21 @@ def constants_text() -> str:
 def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = False) -> list[str]:
     lines = [title, f"{'source':<40} " + " ".join(f"{k + ' MAPE  bias  w/in15':>28}" for k in errs)]
     sources = list(dict.fromkeys(e.source for v in errs.values() for e in v))
-    for src in sources + ["overall"]:
+    groups = {"dense runs": lambda e: not is_moe_source(e.source), "MoE runs": lambda e: is_moe_source(e.source),
+              "overall": lambda e: True}
+    for src in sources + list(groups):
         cells = []
         for v in errs.values():
-            vals = [e.memory if memory else e.step for e in v if src in ("overall", e.source)]
+            vals = [e.memory if memory else e.step for e in v if groups.get(src, lambda e: e.source == src)(e)]
             s = score([x for x in vals if x is not None])
             cells.append(f"{s.text() if s else 'n/a':>28}")
         if any(c.strip() != "n/a" for c in cells):
             lines.append(f"{src[:40]:<40} " + " ".join(cells))
     return lines
+
+
+def is_moe_source(source: str) -> bool:
+    return source == MEGATRON_BRIDGE_MOE
 
 
 def _worst_memory(errs: list[RowError]) -> str:
@@ -319,8 +325,8 @@ def oos_document(result: CrossResult, rows: list[PublishedRow] | None = None) ->
                     "published_mfu": round(est.mfu * (1 + builtin[key]), 5),
                     "time_shares": {k: round(v / est.step_time_s, 4) for k, v in est.time_s.items()},
                     "features": {"device": device_class(load_profile(plan.cluster).device.name), "gpus": plan.gpus,
-                                 "tp": p.tp, "pp": p.pp, "cp": p.cp, "fsdp": p.dp_shard,
-                                 "float8": bool(plan.memory.float8),
+                                 "tp": p.tp, "pp": p.pp, "cp": p.cp, "fsdp": p.dp_shard, "ep": p.ep,
+                                 "float8": bool(plan.memory.float8), "moe": plan.model.is_moe,
                                  "stack": "megatron" if row.table.startswith("Megatron") else "pytorch"}})
     return {"note": "written by `meshplan validate --cross --save`; rerun it after changing the cost model",
             "rows": out}

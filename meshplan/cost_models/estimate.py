@@ -14,9 +14,9 @@ from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, model_flops_per_token, sac_kind
 from meshplan.cost_models.host import pipeline_action_s, pipeline_actions, step_host_time
 from meshplan.cost_models.layout import Layout, layout_of, representative_layers, runtime_paths, stage_block_kinds
-from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, kept_output_units, peak_rank_memory, stage_params,
-                                         weight_pass_share)
-from meshplan.cost_models.moe import ep_span
+from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, STATE_BYTES, kept_output_units, peak_rank_memory,
+                                         stage_params, weight_pass_share)
+from meshplan.cost_models.moe import ep_span, routing
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
 from meshplan.cost_models.timing import BlockTime, block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
@@ -45,6 +45,7 @@ class Estimate:
     mfu_peak: str = "bf16 dense"  # the peak `mfu` is measured against
     mfu_fp8: float | None = None  # float8 plans: model FLOPs against the dense fp8 peak
     context_gib: float = 0.0  # the process's CUDA/NCCL context, outside the caching allocator
+    moe: dict[str, float] | None = None  # MoE models: the expert terms (moe_summary)
 
     @property
     def reserved_peak_gib(self) -> float:
@@ -79,6 +80,8 @@ class Estimate:
             "mfu_peak": self.mfu_peak,
             "mfu_fp8": self.mfu_fp8,
         }
+        if self.moe is not None:
+            out["moe"] = self.moe
         if plan is not None:
             out["plan"] = plan.to_dict()
         return out
@@ -302,7 +305,32 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
         mfu_peak=f"{peak_name} dense",
         mfu_fp8=mfu_fp8,
         context_gib=prof.overheads.context_gib,
+        moe=moe_summary(lay, bts, crit) if lay.spec.is_moe else None,
     )
+
+
+def moe_summary(lay: Layout, bts: dict[int, BlockTime], crit: int) -> dict[str, float]:
+    """The expert terms of the critical pipeline rank's step: its routed experts' grouped GEMMs (forward and
+    both backward passes), the dispatch and combine all-to-alls issued and exposed, the routing it was
+    priced at, and what the routed experts' states take on it."""
+    stages = [s for s in range(lay.n_stages) if stage_rank(s, lay.pp, lay.schedule) == crit]
+    per_stage = stage_block_kinds(lay.spec, lay.stage_layers)
+    moe_blocks = {k: 0 for k in bts if lay.spec.is_moe_layer(k)}
+    for s in stages:
+        for k, n in per_stage[s]:
+            if k in moe_blocks:
+                moe_blocks[k] += n
+    m = lay.n_micro
+    routed = lambda bt: bt.kinds.matmul_by_kind.get("expert_in", 0.0) + bt.kinds.matmul_by_kind.get("expert_out", 0.0)
+    r = routing(lay.spec, lay.tokens_per_micro, lay.tp, lay.ep, lay.moe_imbalance)
+    sp = stage_params(lay, crit)
+    return {"ep": lay.ep, "imbalance": lay.moe_imbalance, "tokens_per_local_expert": r.tokens_per_expert,
+            "local_experts": r.local_experts, "moe_layers": sum(moe_blocks.values()),
+            "expert_compute_s": m * sum(n * 3 * routed(bts[k]) for k, n in moe_blocks.items()),
+            "ep_comm_issued_s": m * sum(n * bts[k].ep_comm_issued for k, n in moe_blocks.items()),
+            "ep_comm_exposed_s": m * sum(n * bts[k].ep_comm for k, n in moe_blocks.items()),
+            "routed_state_gib": sum(STATE_BYTES.values()) * sp.routed
+            / ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp) / GIB}
 
 
 def _time_breakdown(lay: Layout, bts: dict[int, BlockTime], head, emb, crit: int, busy: float,

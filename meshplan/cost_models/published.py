@@ -24,6 +24,20 @@ is assumed once here, and printed by `meshplan validate`:
   TorchTitan's Llama expanded K/V to every query head before SDPA (repeat_kv), and its context
   parallelism was PyTorch's ring attention, which gathered and merged them at that width
   (kv_repeated, cp_attention="ring").
+- Megatron-Bridge MoE runs on B200 and GB200 (moe_training_blackwell.csv; Megatron-Core with
+  Transformer Engine): routing force-balanced (the page's footnote), so priced at imbalance 1;
+  token-drop rows are skipped (their capacity factor is not printed). Megatron's DDP with the
+  distributed optimizer gathers parameters and reduces gradients once per step: priced as FSDP over
+  the data-parallel ranks without resharding, gradients synchronised at the last micro-batch. Expert
+  parallelism folds into data x context x tensor parallelism as in TorchTitan (EP innermost after TP),
+  expert-TP 1. MXFP8 and FP8 recipes as float8 (the parts' dense fp8 peak), BF16 as bf16. Fused
+  kernels (Transformer Engine, cuDNN attention) as compiled blocks; flash attention with grouped K/V.
+  The recipes' partial recompute (MLA up-projections, layer norms, the MoE activation) is left out:
+  no activation checkpointing. Pipelines with virtual stages as Interleaved 1F1B, layers split
+  evenly (the recipes' hand layouts put the embedding and the head on stages of their own). No
+  multi-token-prediction layer (DeepSeek-V3): its cost is in neither the FLOPs nor the time, so the
+  printed TFLOP/s, which Megatron-Core counts the same way, barely moves. The figure is Megatron-
+  Core's model TFLOP/s per GPU (flops.model_flops_per_token with causal attention).
 """
 
 from __future__ import annotations
@@ -164,3 +178,45 @@ def torchtitan_rows() -> list[PublishedRow]:
         rows.append(PublishedRow(f"TorchTitan H100 ({r['table']})", label, plan, "tokens_per_s_per_gpu", tps,
                                  float(r["Memory(GiB)"]), layout_overrides=overrides))
     return rows
+
+
+MOE_MODELS = {"DeepSeek-V3": "deepseek-v3", "GPT-OSS-120B": "gpt-oss-120b", "Qwen3-30B-A3B": "qwen3-30b-a3b",
+              "Qwen3-235B-A22B": "qwen3-235b-a22b"}
+MOE_PROFILES = {"GB200": "gb200-186g-nvl72", "B200": "b200-180g-dgx"}
+MEGATRON_BRIDGE_MOE = "Megatron-Bridge MoE (B200, GB200)"
+MEGATRON_MOE_OVERRIDES = {"moe_imbalance": 1.0, "grad_sync": "last_microbatch"}
+
+
+def moe_blackwell_rows() -> list[PublishedRow]:
+    rows = []
+    for r in read_published_csv("moe_training_blackwell.csv"):
+        deg = {k: int(r[k]) for k in ("tp", "pp", "vp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
+                                      "gpus")}
+        fp8 = r["precision"] != "BF16"
+        label = (f"{r['model']} {r['gpu']} {deg['gpus']} GPUs TP{deg['tp']} PP{deg['pp']} VP{deg['vp']} CP{deg['cp']} "
+                 f"EP{deg['ep']} mb{deg['micro_batch']} gbs{deg['global_batch']} {r['precision']} ({r['id']})")
+        skipped = None
+        if r["routing"].startswith("token-drop"):
+            skipped = "token-drop routing, capacity factor not printed"
+        elif "known perf regression" in r["notes"]:
+            skipped = "the page footnotes a known performance regression in this container"
+        v = deg["vp"]
+        plan = Plan(
+            model=resolve_model(MOE_MODELS[r["model"]]), cluster=MOE_PROFILES[r["gpu"]], gpus=deg["gpus"],
+            training=TrainingSpec(seq_len=deg["seq_len"], global_batch=deg["global_batch"],
+                                  micro_batch=deg["micro_batch"], dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
+                                  async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
+                                  pp_virtual_stages=v, pp_layers=None, cp=deg["cp"], ep=deg["ep"]),
+            memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=fp8, reshard_after_forward=False),
+            compile=True,
+        )
+        rows.append(PublishedRow(MEGATRON_BRIDGE_MOE, label, plan, "mcore_tflops_per_gpu",
+                                 float(r["tflops_per_gpu"]), skipped=skipped,
+                                 layout_overrides=dict(MEGATRON_MOE_OVERRIDES)))
+    return rows
+
+
+def all_training_rows() -> list[PublishedRow]:
+    """Every published training row, skipped ones included (validate lists them with the reason)."""
+    return megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + moe_blackwell_rows()

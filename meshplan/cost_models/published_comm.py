@@ -132,6 +132,8 @@ def gtc_rows() -> list[CollectiveRow]:
         if cluster is None:
             if config in GTC_RING:
                 reason = NVLS_OFF
+            elif config == "NVLink (GB200 NVL72)":
+                reason = "in sample: gb200-186g-nvl72's NVLink all-reduce line is this figure"
             elif "SHARP" in config:
                 reason = "SHARP across nodes or an NVL72 rack: no built-in profile reduces in the network"
             else:
@@ -157,7 +159,5 @@ USED_ELSEWHERE = {
     "korthikanti2022_activation_memory_formulas.csv": "formulas, reproduced exactly by tests/foundation",
     "korthikanti2022_table3_model_configs.csv": "the 22B configuration of Table 4's rows",
     "nvidia_model_flops_per_sample.csv": "FLOP counts, reproduced by tests/foundation",
-    "moe_training_blackwell.csv": "MoE runs: their FLOPs per token reproduced by tests/foundation/test_moe_flops.py; "
-                                  "not yet validated as runs (MoE is not yet estimated, issue 28)",
     "moe_model_configs.csv": "MoE architectures: the built-in MoE models (specs/registry.py)",
 }

@@ -6,10 +6,10 @@ from dataclasses import replace
 from typing import Callable
 
 from meshplan.cost_models.estimate import Estimate, estimate_plan, group_spans
-from meshplan.cost_models.flops import megatron_flops_per_iteration
+from meshplan.cost_models.flops import megatron_flops_per_iteration, model_flops_per_token
 from meshplan.cost_models.layout import layout_of
 from meshplan.cost_models.published_comm import collective_rows
-from meshplan.cost_models.published import PublishedRow, korthikanti_layer_rows, megatron_rows, torchtitan_rows
+from meshplan.cost_models.published import PublishedRow, all_training_rows
 from meshplan.cost_models.timing import block_time
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
@@ -49,7 +49,9 @@ def predict(row: PublishedRow, load: Callable[[str], ClusterProfile] = load_prof
         plan, est = _best_micro_batch(plan, row.layout_overrides, prof)
     else:
         est = estimate_plan(plan, prof, **row.layout_overrides)
-    if row.metric == "tflops_per_gpu":
+    if row.metric == "mcore_tflops_per_gpu":
+        value = model_flops_per_token(plan.model, plan.training.seq_len, causal=True) * est.tokens_per_s_per_gpu / 1e12
+    elif row.metric == "tflops_per_gpu":
         t = plan.training
         value = megatron_flops_per_iteration(plan.model, t.seq_len, t.global_batch) / est.step_time_s / plan.gpus / 1e12
     else:
@@ -59,7 +61,7 @@ def predict(row: PublishedRow, load: Callable[[str], ClusterProfile] = load_prof
 
 def validation_results() -> list[dict]:
     out = []
-    for row in megatron_rows() + korthikanti_layer_rows() + torchtitan_rows():
+    for row in all_training_rows():
         if row.skipped:
             out.append({"table": row.table, "label": row.label, "skipped": row.skipped})
             continue
@@ -80,7 +82,7 @@ def validation_results() -> list[dict]:
     return out
 
 
-METRIC_UNITS = {"tflops_per_gpu": "TFLOP/s/GPU", "tokens_per_s_per_gpu": "tokens/s/GPU",
+METRIC_UNITS = {"tflops_per_gpu": "TFLOP/s/GPU", "mcore_tflops_per_gpu": "TFLOP/s/GPU", "tokens_per_s_per_gpu": "tokens/s/GPU",
                 "layer_forward_ms": "ms", "layer_backward_ms": "ms", "time_us": "us", "busbw_gbs": "GB/s"}
 
 

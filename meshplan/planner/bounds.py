@@ -19,6 +19,13 @@ from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.model import ModelSpec
 
 
+def layer_costs(spec, bts: dict) -> list[float]:
+    """Each layer's F+B+W per micro-batch, from its kind's block time (estimate.block_times)."""
+    kinds = spec.block_kinds()
+    rep = {k: layers[0] for k, layers in kinds.items()}
+    return [bts[rep[spec.block_kind(i)]].total for i in range(spec.n_layers)]
+
+
 class Bounds:
     def __init__(self, spec: ModelSpec, prof: ClusterProfile, usable_gib: float):
         self.spec, self.prof, self.usable = spec, prof, usable_gib
@@ -65,28 +72,34 @@ class Bounds:
         return got
 
     def per_layer_times(self, lay: Layout, order) -> tuple[float, float]:
-        """(one layer's F+B+W, embedding + head F+B) per micro-batch: the work any split distributes."""
+        """(a layer's F+B+W on average over the model's layers, embedding + head F+B) per micro-batch: the
+        work any split distributes."""
         key = block_key(lay, group_spans(lay, self.prof, order))
         got = self._layer_cache.get(key)
         if got is None:
-            a_f, a_bw, emb, head, _ = self.linear_costs(lay, stage_inputs(lay, self.prof, order))
-            got = self._layer_cache[key] = (a_f + a_bw, emb + head)
+            ref = stage_inputs(lay, self.prof, order)
+            _, _, emb, head, _ = self.linear_costs(lay, ref)
+            costs = layer_costs(lay.spec, ref[1])
+            got = self._layer_cache[key] = (sum(costs) / len(costs), emb + head)
         return got
 
     def linear_costs(self, lay: Layout, ref: tuple) -> tuple[float, float, float, float, float]:
         """(a_f, a_bw, emb, head, p2p) of linear_bound_rows, read off stage_durations on three stages:
-        a layer's forward and backward + weight per micro-batch, the embedding's forward, the head's
-        forward + backward and the stage-to-stage send."""
+        a layer's forward and backward + weight per micro-batch (the cheapest kind of block's, where
+        blocks differ: a bound on any layer), the embedding's forward, the head's forward + backward and
+        the stage-to-stage send."""
         probe = lay.with_(pp=3, v=1)
 
         def durations(layers: tuple[int, ...]) -> StageDurations:
             return stage_durations(probe.with_(stage_layers=layers), self.prof, *ref)
 
-        ends, mid = durations((0, 0, 0)), durations((0, 1, 0))
+        ends = durations((0, 0, 0))
         # Each duration carries one pipeline action's host time, which is not linear in layers: left out,
         # the bound stays below the makespan.
         act, w_act = pipeline_action_s(probe, self.prof.overheads)
-        return (mid.forward[1] - act, mid.backward[1] + mid.weight[1] - act - w_act, ends.forward[0] - act,
+        bts = ref[1].values()
+        return (min(bt.forward_with_comm for bt in bts),
+                min(bt.backward_input_with_comm + bt.backward_weight for bt in bts), ends.forward[0] - act,
                 ends.forward[2] + ends.backward[2] - 2 * act, ends.p2p)
 
     def leaf_bound(self, lay: Layout, parts: StepParts) -> float:

@@ -16,14 +16,14 @@ import numpy as np
 from meshplan.cost_models.estimate import StepParts, compose_step, rank_busy, stage_durations, stage_inputs
 from meshplan.cost_models.layout import Layout, even_split
 from meshplan.cost_models.pipeline import bound_kind, linear_bound_rows, makespan_lower_bound
-from meshplan.planner.bounds import Bounds
+from meshplan.planner.bounds import Bounds, layer_costs
 from meshplan.planner.constraints import PP_LAYERS, SPLIT, schedule_reason
 from meshplan.planner.enumeration import KnobClass, fastest_member
 from meshplan.planner.pool import Pool
 from meshplan.planner.sac_choice import SacChoice
 from meshplan.planner.scoring import Scoring
 from meshplan.planner.space import EVEN, SAC_ILP, Space
-from meshplan.planner.stage_split import balanced_split
+from meshplan.planner.stage_split import balanced_split, balanced_split_costs
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.rules import ac_schedule_reason, microbatch_reason
 
@@ -77,7 +77,7 @@ class Leaves:
         for v, scheds in by_v.items():
             seen_splits: set = set()
             for split in self.space.split_options(base.pp):
-                layers = self._split_layers(base.pp, scheds, v, split, (per_layer, emb, head), seen_splits)
+                layers = self._split_layers(base.pp, scheds, v, split, (per_layer, emb, head, ref), seen_splits)
                 if layers is not None:
                     groups += self._split_groups(base, m, v, scheds, layers, x)
         if not groups:
@@ -85,7 +85,7 @@ class Leaves:
         groups.sort(key=lambda g: g[0])
         return [(groups[0][0], "groups", LeafGroups(c, fast, ref, groups))]
 
-    def _split_layers(self, pp: int, scheds: list[str], v: int, split: Any, work: tuple[float, float, float],
+    def _split_layers(self, pp: int, scheds: list[str], v: int, split: Any, work: tuple[float, float, float, tuple],
                       seen: set) -> tuple[int, ...] | None:
         """The layers per stage of one split option, or None (counted) if it is invalid or a repeat."""
         reason = self.split_reason(pp, scheds[0], v, split)
@@ -157,13 +157,23 @@ class Leaves:
                                                        list(split) if isinstance(split, tuple) else None)
         return self._split_reasons[key]
 
-    def stage_layers(self, n_stages: int, split: Any, per_layer: float, emb: float, head: float) -> tuple[int, ...]:
+    def stage_layers(self, n_stages: int, split: Any, per_layer: float, emb: float, head: float,
+                     ref: tuple | None = None) -> tuple[int, ...]:
         """The layers per stage of a split option: `per_layer`, `emb` and `head` are the work of a layer
-        and of the ends (the embedding, the head with the loss) that a balanced split evens out."""
+        and of the ends (the embedding, the head with the loss) that a balanced split evens out; where the
+        model's blocks differ (dense first layers), each layer's own work from `ref`'s block times."""
         if isinstance(split, tuple):
             return split
         if split == EVEN:
             return even_split(self.spec.n_layers, n_stages)
+        if ref is not None and len(ref[1]) > 1:
+            costs = tuple(round(c / per_layer, 3) for c in layer_costs(self.spec, ref[1]))
+            key = (n_stages, round(emb / per_layer, 3), round(head / per_layer, 3), costs)
+            out = self._split_cache.get(key)
+            if out is None:
+                extras = [key[1]] + [0.0] * (n_stages - 2) + [key[2]] if n_stages > 1 else [key[1] + key[2]]
+                out = self._split_cache[key] = balanced_split_costs(list(costs), extras)
+            return out
         # The balanced split depends only on the stage count and the ends' extra work in layers.
         key = (n_stages, round(emb / per_layer, 3), round(head / per_layer, 3))
         out = self._split_cache.get(key)

@@ -34,14 +34,15 @@ class Peaks:
         return peak / GIB
 
     def rank_groups(self, lay: Layout) -> list[list[int]]:
-        """Pipeline ranks grouped by the layers and ends they hold (the same for every layout alike)."""
+        """Pipeline ranks grouped by the layers (of each block kind) and ends they hold (the same for every
+        layout alike)."""
         key = (lay.pp, lay.schedule, lay.stage_layers, lay.tp)
         got = self._rank_groups.get(key)
         if got is None:
             groups: dict[tuple, list[int]] = {}
             for r in range(lay.pp):
                 sp = stage_params(lay, r)
-                groups.setdefault((sp.layers, sp.embedding, sp.head), []).append(r)
+                groups.setdefault((sp.kinds, sp.embedding, sp.head), []).append(r)
             got = self._rank_groups[key] = list(groups.values())
         return got
 

@@ -66,7 +66,7 @@ class SacChoice:
     def sac_items(self, lay: Layout, order) -> SacItems:
         """ILP item values read off the cost model one op kind at a time (bytes and recompute seconds)."""
         spans = group_spans(lay, self.prof, order)
-        key = (lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.float8, lay.compile, spans["tp"], spans["cp"])
+        key = (lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.float8, lay.compile, spans["tp"], spans["cp"], lay.ep)
         items = self._sac_cache.get(key)
         if items is None:
             items = self._sac_cache[key] = self._items(lay, order)
@@ -74,12 +74,18 @@ class SacChoice:
 
     def _items(self, lay: Layout, order) -> SacItems:
         ref = lay.with_(ac="selective")
+        spec = lay.spec
+        # Per layer, averaged over the model's blocks where they differ (an MoE model's dense first layers).
+        kinds = [(layers[0], len(layers) / spec.n_layers) for layers in spec.block_kinds().values()]
 
         def act(sub: tuple[str, ...]) -> float:
-            return activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, "selective", sub, lay.act_bytes)
+            return sum(w * activation_bytes_per_token(spec, lay.seq_len, lay.tp, lay.sp, "selective", sub, lay.act_bytes,
+                                                      layer=k, ep=lay.ep, imbalance=lay.moe_imbalance)
+                       for k, w in kinds)
 
         def recompute(sub: tuple[str, ...]) -> float:
-            return step_parts(ref.with_(sac_ops=sub), self.prof, order).bt.recompute
+            bts = step_parts(ref.with_(sac_ops=sub), self.prof, order).bts
+            return sum(w * bts[k].recompute for k, w in kinds)
 
         base = act(())
         b = {k: act((k,)) - base for k in SAC_OPS}

@@ -60,23 +60,72 @@ def balanced_split(n_layers: int, extras: list[float], layer: float) -> tuple[in
     return tuple(caps)
 
 
+def balanced_split_costs(costs: list[float], extras: list[float]) -> tuple[int, ...]:
+    """Layers per stage minimising the slowest stage, max_s(sum of its layers' costs + extras_s), when layers
+    cost differently (an MoE model's dense first layers): stages hold consecutive layers, at least one each.
+
+    Exact: the optimum is one of the finitely many sums costs[i:j] + extras_s, searched by bisection with a
+    feasibility test that tracks every layer boundary each stage can end at under the target (a heavy layer
+    may not fit a stage with large extras, so filling stages greedily is not enough)."""
+    n, n_stages = len(costs), len(extras)
+    if n_stages > n:
+        raise ValueError(f"{n_stages} stages for {n} layers")
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+
+    def ends(target: float) -> list[list[bool]] | None:
+        """reach[s][j]: stages 0..s can cover layers [0, j) within the target."""
+        reach = [[j == 0 for j in range(n + 1)]]
+        for e in extras:
+            prev, new, top = reach[-1], [False] * (n + 1), 0
+            for i in range(n):
+                if not prev[i]:
+                    continue
+                top = max(top, i)
+                while top < n and prefix[top + 1] - prefix[i] + e <= target * (1 + 1e-12):
+                    top += 1
+                    new[top] = True
+            reach.append(new)
+        return reach if reach[-1][n] else None
+
+    values = sorted({prefix[j] - prefix[i] + e for e in set(extras) for i in range(n) for j in range(i + 1, n + 1)})
+    lo, hi = 0, len(values) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ends(values[mid]) is not None:
+            hi = mid
+        else:
+            lo = mid + 1
+    target, reach = values[lo], ends(values[lo])
+    split, j = [], n
+    for s in range(n_stages - 1, -1, -1):  # back from the end: the latest start each stage can have
+        i = max(i for i in range(j) if reach[s][i] and prefix[j] - prefix[i] + extras[s] <= target * (1 + 1e-12))
+        split.append(j - i)
+        j = i
+    return tuple(reversed(split))
+
+
 def max_stage_time(split: tuple[int, ...], extras: list[float], layer: float) -> float:
     return max(k * layer + e for k, e in zip(split, extras))
 
 
-def brute_force_split(n_layers: int, extras: list[float], layer: float) -> float:
-    """Optimal max stage time by enumerating every composition (tests only; exponential)."""
+def brute_force_split(n_layers: int, extras: list[float], layer: float | list[float]) -> float:
+    """Optimal max stage time by enumerating every composition (tests only; exponential). `layer`: one
+    cost for every layer, or each layer's own."""
     n = len(extras)
+    costs = layer if isinstance(layer, list) else [layer] * n_layers
     best = math.inf
 
-    def rec(s: int, left: int, acc: float) -> None:
+    def rec(s: int, start: int, acc: float) -> None:
         nonlocal best
+        left = n_layers - start
         if s == n - 1:
             if left >= 1:
-                best = min(best, max(acc, left * layer + extras[s]))
+                best = min(best, max(acc, sum(costs[start:]) + extras[s]))
             return
         for k in range(1, left - (n - 1 - s) + 1):
-            rec(s + 1, left - k, max(acc, k * layer + extras[s]))
+            rec(s + 1, start + k, max(acc, sum(costs[start:start + k]) + extras[s]))
 
-    rec(0, n_layers, 0.0)
+    rec(0, 0, 0.0)
     return best

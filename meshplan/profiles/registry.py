@@ -38,7 +38,8 @@ def load_profile(name_or_path: str) -> ClusterProfile:
 
 
 # Device-name keys to the built-in profile of that part (the first key found in the name wins).
-BUILTIN_BY_DEVICE = (("H200", "h200-141g-dgx"), ("H100", "h100-80g-dgx"), ("B200", "b200-180g-dgx"),
+BUILTIN_BY_DEVICE = (("H200", "h200-141g-dgx"), ("H100", "h100-80g-dgx"), ("GB200", "gb200-186g-nvl72"),
+                     ("B200", "b200-180g-dgx"),
                      ("A100", "a100-80g-dgx"))
 
 

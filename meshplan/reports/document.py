@@ -68,7 +68,9 @@ def time_section(configs: list[Config]) -> Section:
         Image("Step-time breakdown", "time_breakdown.png", png,
               "Stacked parts of the estimate's time_s on the critical pipeline rank; each bar sums to the step time."),
         Table("Step-time breakdown (s)", tables.time_table(estimated)),
-    ])
+    ] + ([Table("Mixture-of-experts terms", tables.moe_table(estimated),
+                note="ep_comm above is the exposed dispatch + combine; the expert GEMMs are part of compute.")]
+         if any(c.estimate.moe for c in estimated) else []))
 
 
 def memory_section(configs: list[Config]) -> Section:

@@ -121,6 +121,20 @@ def time_table(configs: list[Config]) -> pd.DataFrame:
     return pd.DataFrame(cols)
 
 
+MOE_ROWS = {"ep": "expert-parallel degree", "local_experts": "routed experts per rank",
+            "tokens_per_local_expert": "tokens per local expert (micro-batch)", "imbalance": "busiest rank / mean load",
+            "moe_layers": "MoE layers on the critical rank", "expert_compute_s": "expert GEMMs (s, fwd + bwd)",
+            "ep_comm_issued_s": "dispatch + combine issued (s)", "ep_comm_exposed_s": "dispatch + combine exposed (s)",
+            "routed_state_gib": "routed experts' states (GiB)"}
+
+
+def moe_table(configs: list[Config]) -> pd.DataFrame:
+    """The expert terms (Estimate.moe) of the MoE configurations, by configuration."""
+    cols = {c.name: {MOE_ROWS[k]: v for k, v in c.estimate.moe.items()} for c in configs
+            if c.estimate is not None and c.estimate.moe}
+    return pd.DataFrame(cols)
+
+
 def rank_memory_table(config: Config) -> pd.DataFrame:
     """Memory parts (columns, GiB) per pipeline rank (rows), with the total."""
     ranks = config.estimate.per_rank_memory_gib if config.estimate else []

@@ -104,9 +104,12 @@ class ModelSpec:
 
     def block_kinds(self) -> dict[tuple[bool, int | None], list[int]]:
         """The model's layers grouped by block_kind, in layer order (one group for a uniform model)."""
-        kinds: dict[tuple[bool, int | None], list[int]] = {}
-        for layer in range(self.n_layers):
-            kinds.setdefault(self.block_kind(layer), []).append(layer)
+        kinds = self.__dict__.get("_block_kinds")  # asked ~10^4 times per search: kept on the frozen spec
+        if kinds is None:
+            kinds = {}
+            for layer in range(self.n_layers):
+                kinds.setdefault(self.block_kind(layer), []).append(layer)
+            object.__setattr__(self, "_block_kinds", kinds)
         return kinds
 
     @property

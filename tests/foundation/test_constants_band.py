@@ -98,7 +98,7 @@ def test_every_gpu_profile_ships_the_sustained_fraction_its_record_gives():
     with resources.files("meshplan.data.validation").joinpath("sustained_fraction.csv").open() as f:
         record = {r["profile"]: float(r["sustained_fraction"]) for r in csv.DictReader(f)}
     gpus = [n for n in builtin_names() if load_profile(n).device.peak_tflops.get("bf16", 0) > 100]
-    assert len(gpus) == 5
+    assert len(gpus) == 6
     for name in gpus:
         assert load_profile(name).device.sustained_fraction == pytest.approx(record[name]), name
         assert record[name] < 1.0

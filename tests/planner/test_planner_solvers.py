@@ -11,7 +11,7 @@ import pytest
 from meshplan.cost_models.pipeline import bound_kind, linear_bound_rows, makespan_lower_bound, simulate
 from meshplan.specs.rules import microbatch_reason
 from meshplan.planner.sac_ilp import SacItems, best_subset, pareto_subsets, solve_sac_ilp
-from meshplan.planner.stage_split import balanced_split, brute_force_split, max_stage_time
+from meshplan.planner.stage_split import balanced_split, balanced_split_costs, brute_force_split, max_stage_time
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS
 
 ALL_SUBSETS = [tuple(s) for r in range(len(SAC_OPS) + 1) for s in itertools.combinations(SAC_OPS, r)]
@@ -136,6 +136,26 @@ def test_balanced_split_all_cases():
         assert sum(split) == n_layers and min(split) >= 1
         assert max_stage_time(split, extras, layer) == pytest.approx(brute_force_split(n_layers, extras, layer),
                                                                     rel=1e-12), (n_layers, extras, layer, split)
+
+
+def test_balanced_split_with_layers_of_different_costs_is_optimal():
+    """Dense first layers cost differently from MoE ones: the split over per-layer costs against brute force,
+    and equal costs give the uniform split's optimum."""
+    rng = random.Random(7)
+    for _ in range(300):
+        n_layers = rng.randint(1, 9)
+        stages = rng.randint(1, min(4, n_layers))
+        costs = [rng.choice([1.0, 0.4, rng.uniform(0.1, 3.0)]) for _ in range(n_layers)]
+        extras = [rng.choice([0.0, rng.uniform(0, 3.0)]) for _ in range(stages)]
+        split = balanced_split_costs(costs, extras)
+        assert len(split) == stages and sum(split) == n_layers and min(split) >= 1
+        starts = [sum(split[:s]) for s in range(stages)]
+        got = max(sum(costs[a:a + k]) + e for a, k, e in zip(starts, split, extras))
+        assert got == pytest.approx(brute_force_split(n_layers, extras, costs), rel=1e-9), (costs, extras, split)
+    for n_layers, extras, layer in split_cases()[::5]:
+        split = balanced_split_costs([layer] * n_layers, extras)
+        assert max_stage_time(split, extras, layer) == pytest.approx(brute_force_split(n_layers, extras, layer),
+                                                                    rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------

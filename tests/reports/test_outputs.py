@@ -145,3 +145,26 @@ def test_report_cells_are_written_for_people():
     assert format_cell(0.9512, "step_time_s", "measured / predicted") == "0.95x"
     assert format_cell(8192, "training.seq_len") == "8,192"
     assert format_cell(True, "fits") == "yes" and format_cell(None, "x") == "-"
+
+
+def test_a_moe_plans_report_shows_its_expert_terms(tmp_path, capsys):
+    """Expert parallelism's terms reach the report: EP, tokens per local expert and the exposed all-to-all,
+    the same numbers as `estimate --json` prints under `moe`."""
+    plan = tmp_path / "moe.yaml"
+    plan.write_text("model: qwen3-30b-a3b\ncluster: h100-80g-dgx\ngpus: 8\n"
+                    "training: {seq_len: 4096, global_batch: 16, micro_batch: 1, dtype: bf16}\n"
+                    "parallel: {dp_replicate: 1, dp_shard: 8, tp: 1, sequence_parallel: false, async_tp: false, pp: 1,"
+                    " pp_schedule: 1F1B, pp_virtual_stages: 1, cp: 1, ep: 8}\n"
+                    "memory: {activation_checkpointing: full, float8: false, reshard_after_forward: true}\n"
+                    "compile: true\n")
+    assert cli_main(["estimate", "--plan", str(plan), "--json"]) == 0
+    moe = json.loads(capsys.readouterr().out)["moe"]
+    # 4096 tokens x top-8 x imbalance 1.23 over 128 / 8 = 16 local experts
+    assert moe["ep"] == 8 and moe["local_experts"] == 16
+    assert moe["tokens_per_local_expert"] == pytest.approx(4096 * 8 * 1.23 / 16)
+    assert moe["ep_comm_exposed_s"] > 0
+    out = tmp_path / "r.md"
+    assert cli_main(["report", str(plan), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "Mixture-of-experts terms" in text and "tokens per local expert" in text
+    assert f"{moe['tokens_per_local_expert']:,.0f}" in text

@@ -1,0 +1,143 @@
+"""The cost model of a mixture-of-experts layer, against counts made here: every parameter tensor of a
+one-layer MoE model sharded by hand over EP and FSDP, the tensors its layer keeps for backward summed by
+hand, the dispatch and combine all-to-alls from the bytes each rank sends, and the dense first layers
+priced apart from the MoE ones."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from meshplan.cost_models.comm import GroupSpan, bus_factor
+from meshplan.cost_models.estimate import block_times, group_spans, stage_durations
+from meshplan.cost_models.layout import Layout, stage_block_kinds
+from meshplan.cost_models.memory import GIB, rank_memory
+from meshplan.cost_models.timing import block_time, embedding_time, head_time
+from meshplan.cost_models.activations import PYTORCH, activation_bytes_per_token
+from meshplan.profiles.registry import load_profile
+from meshplan.specs.model import ModelSpec
+from meshplan.specs.registry import BUILTIN_MODELS
+
+PROF = load_profile("h100-80g-dgx")
+E, K, F, D, SHARED = 8, 2, 48, 64, 1
+# One MoE block (no dense first layer), llama-style: GQA attention 4 heads / 2 KV heads of 16.
+ONE_LAYER = ModelSpec.from_dict({
+    "name": "one-moe-layer", "dim": D, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 128,
+    "vocab_size": 256, "max_seq_len": 256,
+    "moe": {"experts": E, "top_k": K, "expert_ffn_dim": F, "shared_experts": SHARED}})
+
+
+def _tensors(spec: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
+    """Every parameter of the model as TorchTitan builds it: routed experts stacked on a leading expert dim."""
+    d, kv, v = spec.dim, spec.kv_dim, spec.vocab_size
+    return [("tok_embeddings", (v, d)), ("wq", (d, d)), ("wk", (kv, d)), ("wv", (kv, d)), ("wo", (d, d)),
+            ("attention_norm", (d,)), ("ffn_norm", (d,)), ("router", (E, d)),
+            ("experts.w1", (E, F, d)), ("experts.w2", (E, d, F)), ("experts.w3", (E, F, d)),
+            ("shared.w1", (SHARED * F, d)), ("shared.w2", (d, SHARED * F)), ("shared.w3", (SHARED * F, d)),
+            ("norm", (d,)), ("output", (v, d))]
+
+
+def _brute_force_state_bytes(ep: int, dp_shard: int) -> float:
+    """fp32 params, grads and AdamW moments (16 B per element) one rank holds: routed experts Shard(0) over
+    EP, then FSDP over what is left of dp_shard (ep_fsdp); everything else FSDP over dp_shard."""
+    total = 0.0
+    for name, shape in _tensors(ONE_LAYER):
+        n = math.prod(shape)
+        total += n / (ep * (dp_shard // ep)) if name.startswith("experts.") else n / dp_shard
+    return 16.0 * total
+
+
+def _layout(**kw) -> Layout:
+    base = dict(spec=ONE_LAYER, gpus=8, seq_len=128, global_batch=16, micro_batch=1, dtype="bf16", dp_replicate=1,
+                dp_shard=8, tp=1, sp=False, async_tp=False, pp=1, schedule="1F1B", v=1, stage_layers=(1,), cp=1,
+                ac="none", sac_ops=None, float8=False, reshard_after_forward=True, compile=False)
+    base.update(kw)
+    return Layout(**base)
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4, 8])
+def test_one_moe_layers_states_against_its_tensors(ep):
+    lay = _layout(ep=ep)
+    parts = rank_memory(lay, 0, 1.0, PROF.overheads).parts  # two micro-batches: gradients live at the peak
+    assert parts["params"] + parts["grads"] + parts["optimizer"] == pytest.approx(_brute_force_state_bytes(ep, 8),
+                                                                                  rel=1e-12)
+
+
+def test_ep_cuts_the_expert_copies_fsdp_gathers():
+    # Unsharded copies: two blocks in bf16 (current + prefetched) and one block's bf16 gradients; a block's
+    # routed experts are E / ep of them (the root's copies are the same in both).
+    full = {n: math.prod(s) for n, s in _tensors(ONE_LAYER)}
+    experts = sum(v for n, v in full.items() if n.startswith("experts."))
+    one, eight = (rank_memory(_layout(ep=ep), 0, 1.0, PROF.overheads).parts["fsdp_buffers"] for ep in (1, 8))
+    assert one - eight == pytest.approx(3 * 2 * (experts - experts / 8), rel=1e-12)
+
+
+def test_one_moe_layers_saved_tensors_by_hand():
+    # bf16, no AC, tp 1, flash attention, balanced routing: bytes per token of what the block keeps.
+    q, kv = D, ONE_LAYER.kv_dim
+    attention = D + D + q + kv + kv + q + q  # block_in, attn norm out, q, k, v (roped), attention out, wo's input
+    mlp_in = D + D  # ffn norm in and out
+    router = 2 * E * 2  # fp32 logits and scores, in units of 2 bytes
+    routed = K * D + K * F * 3 + K * D  # dispatched tokens, gate and up outputs, SwiGLU product, expert outputs
+    shared = 3 * SHARED * F  # gate, up and their product
+    by_hand = 2.0 * (attention + mlp_in + router + routed + shared)
+    assert activation_bytes_per_token(ONE_LAYER, 128, 1, False, "none", None, 2.0, PYTORCH, 0) == by_hand
+
+
+def test_imbalance_scales_the_busiest_ranks_routed_tensors_under_ep_only():
+    def kept(ep: int, imbalance: float) -> float:
+        return activation_bytes_per_token(ONE_LAYER, 128, 1, False, "none", None, 2.0, PYTORCH, 0, ep, imbalance)
+
+    routed = 2.0 * (K * D + K * F * 3 + K * D)
+    assert kept(8, 1.5) - kept(8, 1.0) == pytest.approx(0.5 * routed, rel=1e-12)
+    assert kept(1, 1.5) == kept(1, 1.0)  # every expert local: a rank runs all of its pairs whatever the router does
+
+
+def test_dispatch_and_combine_all_to_alls_by_hand():
+    # One micro-batch of 128 tokens per rank, top-2, ep 8 inside one node: each all-to-all moves a hidden
+    # vector (bf16) per token-expert pair, (ep - 1) / ep of it off the rank; dispatch + combine in the
+    # forward and again in the backward, at the profile's NVLink all-to-all bus bandwidth and latency.
+    lay = _layout(ep=8, moe_imbalance=1.0)
+    bt = block_time(lay, PROF, group_spans(lay, PROF), 0)
+    payload = 128 * K * D * 2.0
+    line = PROF.collectives[PROF.node_level()]["all_to_all"]
+    bw, lat = line.line_for(payload)
+    one = lat * 1e-6 + bus_factor("all_to_all", 8) * payload / (bw * 1e9)
+    assert bt.ep_comm_issued == pytest.approx(4 * one, rel=1e-12)
+    assert bt.ep_comm == bt.ep_comm_issued  # not overlapped (TorchTitan's all-to-alls are synchronous)
+    assert block_time(_layout(ep=1), PROF, group_spans(_layout(ep=1), PROF), 0).ep_comm == 0.0
+
+
+def test_all_to_all_across_nodes_goes_through_each_ranks_own_nic():
+    from meshplan.cost_models.comm import collective_time
+
+    net = PROF.collectives[PROF.cluster_level()]["all_to_all"]
+    payload = 1e9
+    bw, lat = net.line_for(payload)
+    # 64 ranks, 8 per node: 56/64 of each rank's buffer leaves its node through its NIC.
+    assert collective_time(PROF, "all_to_all", payload, GroupSpan(64, 8)) == pytest.approx(
+        lat * 1e-6 + 56 / 64 * payload / (bw * 1e9), rel=1e-12)
+
+
+def test_dense_first_layers_are_priced_apart():
+    spec = BUILTIN_MODELS["tiny-moe"]  # 4 layers, the first dense
+    assert stage_block_kinds(spec, (2, 2)) == (((0, 1), (1, 1)), ((1, 2),))
+    lay = _layout(spec=spec, stage_layers=(2, 2), pp=2, gpus=8, dp_shard=4, global_batch=8)
+    spans = group_spans(lay, PROF)
+    bts = block_times(lay, PROF, spans)
+    assert set(bts) == {0, 1} and bts[0].forward != bts[1].forward
+    head, emb = head_time(lay, PROF), embedding_time(lay, PROF)
+    d = stage_durations(lay, PROF, spans, bts, head, emb)
+    # The first stage: one dense block, one MoE block and the embedding; the last: two MoE blocks and the head.
+    act = d.forward[0] - (bts[0].forward_with_comm + bts[1].forward_with_comm + emb)
+    assert d.forward[1] == pytest.approx(2 * bts[1].forward_with_comm + head.forward + act, rel=1e-12)
+
+
+def test_state_memory_in_gib_matches_the_estimate():
+    from meshplan.cost_models.estimate import estimate_layout
+
+    est = estimate_layout(_layout(ep=4), PROF)
+    gib = est.memory_gib
+    assert (gib["params"] + gib["grads"] + gib["optimizer"]) * GIB == pytest.approx(_brute_force_state_bytes(4, 8),
+                                                                                    rel=1e-9)
