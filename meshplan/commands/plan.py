@@ -17,6 +17,7 @@ from meshplan.planner.summary import print_summary, what_would_fit, write_candid
 from meshplan.planner.workers import DEFAULT_MAX_JOBS
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import plan_from_dict
+from meshplan.specs.rules import model_runs_reason
 
 DEFAULT_CLUSTER = "h100-80g-dgx"
 SECTIONS = ("training", "parallel", "memory")
@@ -113,6 +114,9 @@ def main(argv: list[str]) -> int:
     warnings = _version_warnings(profile)
     result = search(plan, profile, top_k=args.top, excludes=parse_excludes(args.exclude), jobs=args.jobs)
     result.warnings.extend(warnings)
+    runs = model_runs_reason(plan.model)
+    if runs:
+        result.warnings.append(f"planned and priced only: `meshplan run` refuses it ({runs})")
     if result.best is None:
         return _nothing_fits(result, plan, profile, args)
     best_plan = result.best_plan()

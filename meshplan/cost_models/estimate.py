@@ -135,12 +135,21 @@ def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
     n_stages = lay.n_stages
     act, w_act = pipeline_action_s(lay, prof.overheads)
     f, b, w = [], [], []
-    for s, kinds in enumerate(stage_block_kinds(lay.spec, lay.stage_layers)):
-        f.append(sum(n * bts[k].forward_with_comm for k, n in kinds) + (emb if s == 0 else 0.0)
-                 + (head.forward if s == n_stages - 1 else 0.0) + act)
-        b.append(sum(n * bts[k].backward_input_with_comm for k, n in kinds)
-                 + (head.backward if s == n_stages - 1 else 0.0) + act)
-        w.append(sum(n * bts[k].backward_weight for k, n in kinds) + w_act)
+    if len(bts) == 1:  # every block alike (a dense model): a stage costs its layer count times one block
+        (bt,) = bts.values()
+        fwd, bwd, wgt = bt.forward_with_comm, bt.backward_input_with_comm, bt.backward_weight
+        for s in range(n_stages):
+            layers = lay.stage_layers[s]
+            f.append(layers * fwd + (emb if s == 0 else 0.0) + (head.forward if s == n_stages - 1 else 0.0) + act)
+            b.append(layers * bwd + (head.backward if s == n_stages - 1 else 0.0) + act)
+            w.append(layers * wgt + w_act)
+    else:
+        for s, kinds in enumerate(stage_block_kinds(lay.spec, lay.stage_layers)):
+            f.append(sum(n * bts[k].forward_with_comm for k, n in kinds) + (emb if s == 0 else 0.0)
+                     + (head.forward if s == n_stages - 1 else 0.0) + act)
+            b.append(sum(n * bts[k].backward_input_with_comm for k, n in kinds)
+                     + (head.backward if s == n_stages - 1 else 0.0) + act)
+            w.append(sum(n * bts[k].backward_weight for k, n in kinds) + w_act)
     p2p = 0.0
     if lay.pp > 1:
         payload = lay.tokens_per_micro * lay.hidden_bytes_per_token

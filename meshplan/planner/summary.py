@@ -84,7 +84,7 @@ def _knobs(lay) -> str:
 # differs among the rows, so that no two rows look the same.
 SHOWN_FIELDS = frozenset({
     "parallel.dp_replicate", "parallel.dp_shard", "parallel.cp", "parallel.tp", "parallel.pp",
-    "parallel.pp_schedule", "parallel.pp_virtual_stages", "parallel.sequence_parallel", "parallel.async_tp",
+    "parallel.pp_schedule", "parallel.pp_virtual_stages", "parallel.sequence_parallel", "parallel.async_tp", "parallel.ep",
     "training.micro_batch", "memory.activation_checkpointing", "memory.sac_ops", "memory.float8",
     "memory.reshard_after_forward", "compile",
 })

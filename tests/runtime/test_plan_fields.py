@@ -159,6 +159,14 @@ def refused_async_tp():
     refused_on_load(raw(parallel__async_tp=True, compile=True), "parallel.async_tp")  # tp 1
 
 
+def refused_ep():
+    """Expert parallelism is priced but not run yet (issue 29): a dense model refuses ep > 1 on load, and
+    `run` refuses an MoE plan (whatever its ep) before launch, naming the model."""
+    refused_on_load(raw(parallel__dp_shard=2, parallel__ep=2), "parallel.ep")
+    moe = raw(model="tiny-moe", parallel__dp_shard=2, parallel__ep=2)
+    refused(plan_from_dict(moe), "model")
+
+
 def effect_pp():
     t = build(model="tiny-4l", parallel__pp=2)
     assert list(t.model.parts[0].layers.keys()) == ["0", "1"] and t.schedule is not None
@@ -314,7 +322,7 @@ DECISIONS = {
     "parallel.sequence_parallel": effect_sequence_parallel, "parallel.async_tp": refused_async_tp,
     "parallel.pp": effect_pp, "parallel.pp_schedule": effect_pp_schedule,
     "parallel.pp_virtual_stages": effect_pp_virtual_stages, "parallel.pp_layers": effect_pp_layers,
-    "parallel.cp": effect_cp,
+    "parallel.cp": effect_cp, "parallel.ep": refused_ep,
     "memory.activation_checkpointing": effect_activation_checkpointing, "memory.sac_ops": effect_sac_ops,
     "memory.float8": effect_float8, "memory.reshard_after_forward": effect_reshard_after_forward,
 }
