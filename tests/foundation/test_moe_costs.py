@@ -141,3 +141,24 @@ def test_state_memory_in_gib_matches_the_estimate():
     gib = est.memory_gib
     assert (gib["params"] + gib["grads"] + gib["optimizer"]) * GIB == pytest.approx(_brute_force_state_bytes(4, 8),
                                                                                     rel=1e-9)
+
+
+def test_routed_experts_are_gathered_and_reduced_over_their_own_fsdp_group():
+    """ep 4 of dp_shard 8 in one node: the routed experts' FSDP group (ep_fsdp) is 2 ranks, the rest's 8.
+    One MoE block plus the root: each collective's bytes by hand, the routed ones over the 2-rank group."""
+    from meshplan.cost_models.estimate import data_parallel_comm
+
+    lay = _layout(ep=4, global_batch=8)  # one micro-batch per rank: gathered twice (forward, backward), reduced once
+    full = {n: math.prod(s) for n, s in _tensors(ONE_LAYER)}
+    routed = sum(v for n, v in full.items() if n.startswith("experts.")) / 4  # this rank's 2 of 8 experts
+    rest = sum(v for n, v in full.items() if not n.startswith("experts."))
+    c = data_parallel_comm(lay, PROF, group_spans(lay, PROF), 0, 0.0)
+    eight, two = GroupSpan(8, 8), GroupSpan(2, 2)
+    from meshplan.cost_models.comm import collective_time
+
+    gather = 2 * (collective_time(PROF, "all_gather", rest * 2.0, eight, calls=2)
+                  + collective_time(PROF, "all_gather", routed * 2.0, two, calls=1))
+    reduce = (collective_time(PROF, "reduce_scatter", rest * 4.0, eight, calls=2)
+              + collective_time(PROF, "reduce_scatter", routed * 4.0, two, calls=1))
+    assert c.all_gather == pytest.approx(gather, rel=1e-12)
+    assert c.reduce_scatter == pytest.approx(reduce, rel=1e-12)
