@@ -21,7 +21,6 @@ from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, s
 from meshplan.cost_models.timing import BlockTime, block_time, embedding_time, head_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
-from meshplan.specs.rules import ep_fsdp
 
 # Outer to inner, as TorchTitan builds its mesh: TP varies fastest so it stays inside a node.
 DEFAULT_MESH_ORDER = MESH_DIMS
@@ -322,34 +321,27 @@ def moe_summary(lay: Layout, bts: dict[int, BlockTime], crit: int) -> dict[str, 
     """The expert terms of the critical pipeline rank's step: its routed experts' grouped GEMMs (forward and
     both backward passes), the dispatch and combine all-to-alls issued and exposed, the routing it was
     priced at, and what the routed experts' states take on it."""
-    stages = [s for s in range(lay.n_stages) if stage_rank(s, lay.pp, lay.schedule) == crit]
-    per_stage = stage_block_kinds(lay.spec, lay.stage_layers)
-    moe_blocks = {k: 0 for k in bts if lay.spec.is_moe_layer(k)}
-    for s in stages:
-        for k, n in per_stage[s]:
-            if k in moe_blocks:
-                moe_blocks[k] += n
+    sp = stage_params(lay, crit)
+    moe_blocks = [(k, n) for k, n in sp.kinds if lay.spec.is_moe_layer(k)]
     m = lay.n_micro
     routed = lambda bt: bt.kinds.matmul_by_kind.get("expert_in", 0.0) + bt.kinds.matmul_by_kind.get("expert_out", 0.0)
     r = routing(lay.spec, lay.tokens_per_micro, lay.tp, lay.ep, lay.moe_imbalance)
-    sp = stage_params(lay, crit)
     return {"ep": lay.ep, "imbalance": lay.moe_imbalance, "tokens_per_local_expert": r.tokens_per_expert,
-            "local_experts": r.local_experts, "moe_layers": sum(moe_blocks.values()),
-            "expert_compute_s": m * sum(n * 3 * routed(bts[k]) for k, n in moe_blocks.items()),
-            "ep_comm_issued_s": m * sum(n * bts[k].ep_comm_issued for k, n in moe_blocks.items()),
-            "ep_comm_exposed_s": m * sum(n * bts[k].ep_comm for k, n in moe_blocks.items()),
-            "routed_state_gib": sum(STATE_BYTES.values()) * sp.routed
-            / ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp) / GIB}
+            "local_experts": r.local_experts, "moe_layers": sum(n for _, n in moe_blocks),
+            "expert_compute_s": m * sum(n * 3 * routed(bts[k]) for k, n in moe_blocks),
+            "ep_comm_issued_s": m * sum(n * bts[k].ep_comm_issued for k, n in moe_blocks),
+            "ep_comm_exposed_s": m * sum(n * bts[k].ep_comm for k, n in moe_blocks),
+            "routed_state_gib": sum(STATE_BYTES.values()) * sp.routed / lay.routed_fsdp_shard / GIB}
 
 
 def _time_breakdown(lay: Layout, bts: dict[int, BlockTime], head, emb, crit: int, busy: float,
                     makespan: float) -> dict[str, float]:
     stages = [s for s in range(lay.n_stages) if stage_rank(s, lay.pp, lay.schedule) == crit]
-    kinds = stage_block_kinds(lay.spec, lay.stage_layers)
+    kinds = stage_params(lay, crit).kinds  # the critical rank's blocks, by kind
     m = lay.n_micro
 
     def blocks(part) -> float:
-        return m * sum(n * part(bts[k]) for s in stages for k, n in kinds[s])
+        return m * sum(n * part(bts[k]) for k, n in kinds)
 
     extra = (emb if 0 in stages else 0.0) + (head.forward + head.backward if lay.n_stages - 1 in stages else 0.0)
     out = {
@@ -422,7 +414,7 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
                                                                  calls=units)
         c.tail_all_gather = collective_time(prof, "all_gather", sp.block * gather_bytes, span)
         c.tail_reduce_scatter = collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
-        efsdp = ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp)
+        efsdp = lay.routed_fsdp_shard
         if routed and efsdp > 1:
             espan = _expert_fsdp_span(spans, lay)
             moe_units = sum(n for k, n in sp.kinds if lay.spec.is_moe_layer(k))
@@ -431,7 +423,7 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
                                                                       calls=moe_units)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
-        local = sp.sharded(lay.fsdp_shard, ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp))
+        local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
         c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", local * 4.0, span, calls=units)
         c.tail_all_reduce = collective_time(prof, "all_reduce", sp.block * 4.0 / lay.fsdp_shard, span)
     return c
@@ -447,7 +439,7 @@ def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Grou
 def _expert_fsdp_span(spans: dict[str, GroupSpan], lay: Layout) -> GroupSpan:
     """The routed experts' FSDP group (ep_fsdp): dp_shard x cp x tp less the EP group inside it."""
     dims = [spans[d] for d in ("dp_shard", "cp", "tp")]
-    size = ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp)
+    size = lay.routed_fsdp_shard
     on_node = dims[0].ranks_per_node * dims[1].ranks_per_node * dims[2].ranks_per_node
     return GroupSpan(size, max(1, min(size, on_node // ep_span(spans, lay.ep, lay.cp, lay.tp).ranks_per_node)))
 
@@ -461,7 +453,7 @@ def _fsdp_span(spans: dict[str, GroupSpan]) -> GroupSpan:
 def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
     """AdamW's memory traffic, plus the step's host work outside the blocks (optimizer ops, data-parallel
     hooks and their collective calls; 0 unless the profile prices host work, see host.py)."""
-    local = stage_params(lay, rank).sharded(lay.fsdp_shard, ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp))
+    local = stage_params(lay, rank).sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
     return memory_bound_time(prof.device, local * (constants.MODEL.adamw_bytes_per_param + 4.0)) + step_host_time(lay, prof, rank)
 
 

@@ -8,7 +8,8 @@ from functools import lru_cache
 from meshplan.cost_models import constants
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
-from meshplan.specs.rules import COMPOSITE, cp_attention_kind, cp_kv_repeated, profile_backend, rms_norm_kernel
+from meshplan.specs.rules import (COMPOSITE, cp_attention_kind, cp_kv_repeated, ep_fsdp, profile_backend,
+                                  rms_norm_kernel)
 
 # Bytes per element of each compute dtype (tf32 is stored as fp32).
 DTYPE_BYTES = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0}
@@ -82,6 +83,11 @@ class Layout:
         return self.dp_shard * self.cp
 
     @property
+    def routed_fsdp_shard(self) -> int:
+        """Ranks the routed experts are FSDP-sharded over (rules.ep_fsdp): fsdp_shard without EP."""
+        return ep_fsdp(self.ep, self.dp_shard, self.cp, self.tp)
+
+    @property
     def n_micro(self) -> int:
         """Micro-batches per optimizer step on each data-parallel rank (PP micro-batches or accumulation)."""
         return self.global_batch // (self.micro_batch * self.dp)
@@ -120,13 +126,11 @@ class Layout:
 def stage_block_kinds(spec: ModelSpec, stage_layers: tuple[int, ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Per stage, (representative layer, count) for each kind of block it holds (ModelSpec.block_kind):
     the stages hold consecutive layers, `stage_layers[s]` each. A uniform model has one kind."""
-    kinds = spec.block_kinds()
-    rep = {k: layers[0] for k, layers in kinds.items()}
     out, start = [], 0
     for n in stage_layers:
         counts: dict[int, int] = {}
         for layer in range(start, start + n):
-            r = rep[spec.block_kind(layer)]
+            r = spec.representative_layer(layer)
             counts[r] = counts.get(r, 0) + 1
         out.append(tuple(sorted(counts.items())))
         start += n

@@ -16,7 +16,7 @@ from meshplan.cost_models.layout import Layout, stage_block_kinds
 from meshplan.cost_models.moe import rank_block_params
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import Overheads
-from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES, ep_fsdp
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
 
 GIB = 1024.0 ** 3
 # The memory phases (pipeline ScheduleResult.phases) of an unpipelined step: one activation set.
@@ -110,7 +110,7 @@ class _RankBasis:
 @lru_cache(maxsize=65536)
 def _rank_basis(lay: Layout, rank: int) -> _RankBasis:
     sp = stage_params(lay, rank)
-    local = sp.sharded(lay.fsdp_shard, ep_fsdp(lay.ep, lay.dp_shard, lay.cp, lay.tp))
+    local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
     state = tuple(STATE_BYTES[k] * local for k in ("params", "grads", "optimizer"))
     tokens = lay.tokens_per_micro
     ac_transient = 0.0

@@ -39,14 +39,18 @@ class Routing:
         return self.pairs / self.local_experts
 
 
+def pairs_per_token(spec: ModelSpec, ep: int, imbalance: float) -> float:
+    """Token-expert pairs the busiest rank runs per token it dispatches. Imbalance binds only under EP:
+    with every expert local, a rank runs all of its tokens' pairs however the router spreads them."""
+    return spec.moe.top_k * (imbalance if ep > 1 else 1.0)
+
+
 def routing(spec: ModelSpec, tokens: float, tp: int, ep: int, imbalance: float) -> Routing:
-    """`tokens`: the micro-batch's tokens on one rank (after CP). Imbalance binds only under EP: with
-    every expert local, a rank runs all of its tokens' pairs however the router spreads them."""
+    """`tokens`: the micro-batch's tokens on one rank (after CP)."""
     moe = spec.moe
-    if ep == 1:
-        return Routing(tokens, tokens * moe.top_k, moe.experts, moe.expert_ffn_dim // tp)
-    dispatched = tokens / tp
-    return Routing(dispatched, dispatched * moe.top_k * imbalance, moe.experts // ep, moe.expert_ffn_dim)
+    dispatched = tokens if ep == 1 else tokens / tp
+    return Routing(dispatched, dispatched * pairs_per_token(spec, ep, imbalance), moe.experts // ep,
+                   moe.expert_ffn_dim // expert_tp(ep, tp))
 
 
 def routed_expert_times(spec: ModelSpec, r: Routing, prof: ClusterProfile, dtype: str) -> dict[str, float]:
@@ -104,7 +108,7 @@ def moe_tensors(spec: ModelSpec, ep: int, imbalance: float) -> list[ActivationTe
     token, scaled by the busiest rank's imbalance; under EP a rank dispatches its tp-th of the tokens
     (shard "tp"), without EP each TP rank runs every token through its width slice."""
     moe = spec.moe
-    d, f, k = spec.dim, moe.expert_ffn_dim, moe.top_k * (imbalance if ep > 1 else 1.0)
+    d, f, k = spec.dim, moe.expert_ffn_dim, pairs_per_token(spec, ep, imbalance)
     token_shard = "tp" if ep > 1 else "gathered"
     t = [ActivationTensor("router_scores", "other", 2 * moe.experts, "gathered", 4.0),
          ActivationTensor("routed_in", "other", k * d, token_shard),
@@ -123,7 +127,5 @@ def moe_elementwise_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int) -
     """Elements per token one MoE layer's memory-bound kernels pass over in the forward beyond the SwiGLU
     activation: the router's softmax/sigmoid and top-k over the expert scores, and the permutation of the
     dispatched tokens into expert order and back (gather and scatter, each read and written)."""
-    moe = spec.moe
-    k = moe.top_k * (imbalance if ep > 1 else 1.0)
     share = 1.0 / tp if ep > 1 else 1.0
-    return 3 * moe.experts * share + 4 * k * spec.dim * share
+    return (3 * spec.moe.experts + 4 * pairs_per_token(spec, ep, imbalance) * spec.dim) * share

@@ -21,9 +21,7 @@ from meshplan.specs.model import ModelSpec
 
 def layer_costs(spec, bts: dict) -> list[float]:
     """Each layer's F+B+W per micro-batch, from its kind's block time (estimate.block_times)."""
-    kinds = spec.block_kinds()
-    rep = {k: layers[0] for k, layers in kinds.items()}
-    return [bts[rep[spec.block_kind(i)]].total for i in range(spec.n_layers)]
+    return [bts[spec.representative_layer(i)].total for i in range(spec.n_layers)]
 
 
 class Bounds:

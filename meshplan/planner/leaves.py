@@ -171,7 +171,7 @@ class Leaves:
             key = (n_stages, round(emb / per_layer, 3), round(head / per_layer, 3), costs)
             out = self._split_cache.get(key)
             if out is None:
-                extras = [key[1]] + [0.0] * (n_stages - 2) + [key[2]] if n_stages > 1 else [key[1] + key[2]]
+                extras = [key[1]] + [0.0] * (n_stages - 2) + [key[2]]
                 out = self._split_cache[key] = balanced_split_costs(list(costs), extras)
             return out
         # The balanced split depends only on the stage count and the ends' extra work in layers.

@@ -102,6 +102,10 @@ class ModelSpec:
         """What makes blocks differ in cost: an MoE or a dense MLP, and the keys its attention sees."""
         return self.is_moe_layer(layer), self.attention_window(layer)
 
+    def representative_layer(self, layer: int) -> int:
+        """The first layer of `layer`'s kind: the one the cost model prices for every layer of that kind."""
+        return self.block_kinds()[self.block_kind(layer)][0]
+
     def block_kinds(self) -> dict[tuple[bool, int | None], list[int]]:
         """The model's layers grouped by block_kind, in layer order (one group for a uniform model)."""
         kinds = self.__dict__.get("_block_kinds")  # asked ~10^4 times per search: kept on the frozen spec
