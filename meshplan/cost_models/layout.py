@@ -8,8 +8,8 @@ from functools import lru_cache
 from meshplan.cost_models import constants
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
-from meshplan.specs.rules import (COMPOSITE, cp_attention_kind, cp_kv_repeated, ep_fsdp, profile_backend,
-                                  rms_norm_kernel)
+from meshplan.specs.rules import (COMPOSITE, cp_attention_kind, cp_kv_repeated, ep_fsdp, loss_compiled,
+                                  profile_backend, rms_norm_kernel)
 
 # Bytes per element of each compute dtype (tf32 is stored as fp32).
 DTYPE_BYTES = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0}
@@ -65,6 +65,14 @@ class Layout:
     # (moe.routing): 1 where routing is force-balanced; layout_of sets the dropless default for MoE models.
     ep: int = 1
     moe_imbalance: float = 1.0
+    # Whether the stack compiles the loss where it compiles the blocks (meshplan's runtime does, by
+    # specs/rules.py loss_compiled; TorchTitan 2024 compiled the blocks alone): see loss_compiled.
+    compiles_loss: bool = True
+
+    @property
+    def loss_compiled(self) -> bool:
+        """Whether the loss runs compiled: its buffers and its passes over the logits."""
+        return self.compiles_loss and loss_compiled(self.compile, self.tp)
 
     @property
     def dp(self) -> int:

@@ -318,8 +318,12 @@ def _grads_live_at_peak(lay: Layout) -> bool:
 def loss_saved_bytes(lay: Layout) -> float:
     """What one micro-batch's loss keeps from its forward to its backward on the last pipeline stage:
     the logits (the stage output the schedule caches for the backward), the log-softmax result the
-    cross-entropy saves (fp32), and the final norm output the head matmul saved."""
-    per = lay.act_bytes + 4.0 if lay.act_bytes < 4 else 8.0
+    cross-entropy saves (fp32; a compiled loss saves per-token statistics instead, negligible), and the
+    final norm output the head matmul saved."""
+    if lay.loss_compiled:
+        per = lay.act_bytes
+    else:
+        per = lay.act_bytes + 4.0 if lay.act_bytes < 4 else 8.0
     return logit_count(lay) * per + head_input_bytes(lay)
 
 
@@ -329,8 +333,11 @@ def loss_buffer_bytes(lay: Layout) -> float:
     The compute-dtype logits; in fp32 the saved log-softmax, the gradient nll_loss's backward hands it
     and the input gradient log_softmax's backward makes (the upcast is freed after the forward). Also
     the final norm output the head matmul saved. Counted on the runtime's loss with live storages:
-    14 bytes per logit in bf16, 16 in fp32 (tests/runtime/test_saved_activations.py).
+    14 bytes per logit in bf16, 16 in fp32 (tests/runtime/test_saved_activations.py). Compiled
+    (Layout.loss_compiled), the logits and their gradient in the compute dtype alone, measured the same way.
     """
+    if lay.loss_compiled:
+        return logit_count(lay) * 2 * lay.act_bytes + head_input_bytes(lay)
     per = lay.act_bytes + 12.0
     if lay.tp > 1:
         # Loss parallel's log-softmax is built from DTensor ops (amax, x - max, exp, sum, log): its

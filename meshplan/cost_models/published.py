@@ -23,12 +23,14 @@ is assumed once here, and printed by `meshplan validate`:
   upcast into the loss).
   TorchTitan's Llama expanded K/V to every query head before SDPA (repeat_kv), and its context
   parallelism was PyTorch's ring attention, which gathered and merged them at that width
-  (kv_repeated, cp_attention="ring").
+  (kv_repeated, cp_attention="ring"). Its torch.compile covered the blocks, not the loss (compiles_loss
+  False: its train.py of late 2024 left `torch.compile(loss_fn)` commented out, "causes CUDA errors").
 - Megatron-Bridge MoE runs on B200 and GB200 (moe_training_blackwell.csv; Megatron-Core with
   Transformer Engine): routing force-balanced (the page's footnote), so priced at imbalance 1;
   token-drop rows are skipped (their capacity factor is not printed). Megatron's DDP with the
   distributed optimizer gathers parameters and reduces gradients once per step: priced as FSDP over
-  the data-parallel ranks without resharding, gradients synchronised at the last micro-batch. Expert
+  the data-parallel ranks without resharding, gradients synchronised at the last micro-batch. The loss
+  as an unfused cross-entropy (whether the recipes fuse it is not printed). Expert
   parallelism folds into data x context x tensor parallelism as in TorchTitan (EP innermost after TP),
   expert-TP 1. MXFP8 and FP8 recipes as float8 (the parts' dense fp8 peak), BF16 as bf16. Fused
   kernels (Transformer Engine, cuDNN attention) as compiled blocks; flash attention with grouped K/V.
@@ -170,7 +172,7 @@ def torchtitan_rows() -> list[PublishedRow]:
         )
         label = f"{r['table']}: {r['model']} {gpus} GPUs {r['parallelism']} seq {seq} | {tech}"
         tps = float(r["TPS/GPU"].replace(",", ""))
-        overrides: dict = {"kv_repeated": True, "cp_attention": "ring"}
+        overrides: dict = {"kv_repeated": True, "cp_attention": "ring", "compiles_loss": False}
         if pp > 1:
             overrides["pp_keeps_outputs"] = True
         if r["activation checkpointing"] == "selective":
@@ -184,7 +186,7 @@ MOE_MODELS = {"DeepSeek-V3": "deepseek-v3", "GPT-OSS-120B": "gpt-oss-120b", "Qwe
               "Qwen3-235B-A22B": "qwen3-235b-a22b"}
 MOE_PROFILES = {"GB200": "gb200-186g-nvl72", "B200": "b200-180g-dgx"}
 MEGATRON_BRIDGE_MOE = "Megatron-Bridge MoE (B200, GB200)"
-MEGATRON_MOE_OVERRIDES = {"moe_imbalance": 1.0, "grad_sync": "last_microbatch"}
+MEGATRON_MOE_OVERRIDES = {"moe_imbalance": 1.0, "grad_sync": "last_microbatch", "compiles_loss": False}
 
 
 def moe_blackwell_rows() -> list[PublishedRow]:

@@ -307,8 +307,11 @@ def head_time(lay: Layout, prof: ClusterProfile) -> HeadTime:
     mm = logits_matmul(lay.spec, lay.tp)
     fwd_mm = matmul_time(dev, T, mm.n, mm.k, lay.dtype) / prof.overheads.kernel_efficiency
     logits = T * lay.spec.vocab_size / lay.tp
-    # Upcast, log-softmax, loss gather: about 4 passes over fp32 logits forward, 4 backward.
+    # Upcast, log-softmax, loss gather: about 4 passes over fp32 logits forward, 4 backward; a compiled
+    # loss fuses them as the blocks' memory-bound work is fused.
     loss = memory_bound_time(dev, logits * constants.MODEL.loss_passes * 4)
+    if lay.loss_compiled:
+        loss /= prof.overheads.compile_speedup
     host_f, host_b = head_host(lay)
     o = prof.overheads
     return HeadTime(forward=fwd_mm + loss + host_f.seconds(o), backward=2 * fwd_mm + loss + host_b.seconds(o))

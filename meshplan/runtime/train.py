@@ -31,12 +31,19 @@ from meshplan.runtime.parallelize import ModelParts, parallelize_model
 from meshplan.runtime.pipeline import build_schedule
 from meshplan.runtime.profiling import profiled_steps, save_profile, step_profiler
 from meshplan.specs.plan import Plan
+from meshplan.specs.rules import loss_compiled
 from meshplan.yamlio import atomic_write_text
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy of one micro-batch (fp32 logits)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
+
+
+def step_loss(plan: Plan, tp: int):
+    """The loss the plan runs: compiled with the blocks where specs/rules.py loss_compiled says so, which
+    the estimate prices (memory.loss_buffer_bytes)."""
+    return torch.compile(loss_fn) if loss_compiled(bool(plan.compile), tp) else loss_fn
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -112,10 +119,11 @@ class Trainer:
         t = self.plan.training
         self.local_batch = t.global_batch // self.dims.dp
         self.n_micro = self.local_batch // t.micro_batch
+        self.loss_fn = step_loss(self.plan, self.dims.tp)
         self.schedule = None
         if self.dims.pp > 1:
             self.schedule = build_schedule(self.model.parts, self.model.stage_ids, self.model.n_stages, self.mesh["pp"],
-                                           self.device, self.plan.parallel.pp_schedule, self.n_micro, loss_fn)
+                                           self.device, self.plan.parallel.pp_schedule, self.n_micro, self.loss_fn)
         self.source = make_source(self.opts.data, BatchSpec(t.global_batch, t.seq_len, self.plan.model.vocab_size),
                                   self.opts.seed, self.opts.data_dtype)
         self.dp_rank = self.mesh["dp"].get_local_rank()
@@ -146,7 +154,7 @@ class Trainer:
         for i in range(self.n_micro):
             sl = slice(i * mb, (i + 1) * mb)
             with self._loss_ctx():
-                loss = loss_fn(model(inputs[sl]), targets[sl])
+                loss = self.loss_fn(model(inputs[sl]), targets[sl])
                 (loss / self.n_micro).backward()
             total += _local(loss.detach())
         return total

@@ -231,6 +231,16 @@ def expert_tp(ep: int, tp: int) -> int:
     return tp if ep == 1 else 1
 
 
+def loss_compiled(compile_: bool, tp: int) -> bool:
+    """Whether the runtime compiles the loss (the fp32 upcast and cross-entropy) with the blocks, as
+    TorchTitan's compile.components ["model", "loss"] does. Inductor fuses the upcast, log-softmax and
+    their backward into reductions and one pointwise pass: measured on CPU (torch 2.13) the loss holds
+    the logits and their gradient, 2 x 2 bytes per bf16 logit, where eager holds 14 (the fp32 log-softmax
+    and its incoming and outgoing fp32 gradients; tests/runtime/test_saved_activations.py). Under TP the
+    logits are vocab-sharded DTensors and loss parallel's cross-entropy runs eager."""
+    return compile_ and tp == 1
+
+
 FLOAT8_UNCOMPILED = "float8 without compile on a GPU"
 
 

@@ -1,6 +1,6 @@
 """Compiled plans run compiled: under every AC mode, with FSDP2, a pipeline stage and float8
-(emulated), every block of every micro-batch runs its compiled graph forward and backward in a
-training step on 2 gloo ranks, and Dynamo records no graph break. Layouts whose blocks cannot
+(emulated), every block and every loss of every micro-batch runs its compiled graph forward and
+backward in a training step on 2 gloo ranks, and Dynamo records no graph break. Layouts whose blocks cannot
 compile here (TP, CP's gather path) are refused by the plan rules, never run eager.
 
 Measured in the workers (layouts_worker.py, "compile_check"): Dynamo's graph-break and skipped-frame
@@ -35,12 +35,15 @@ def compiled_case(layout: str, ac: str) -> dict:
     return p
 
 
-def blocks_times_micro_batches(p: dict) -> int:
-    """Block forwards one rank runs in a step, by hand: its layers times its micro-batches."""
+def compiled_regions(p: dict) -> int:
+    """Compiled regions rank 0 runs forward in a step, by hand: its layers times its micro-batches, plus
+    one loss per micro-batch where it holds the last stage (the loss compiles with the blocks)."""
     par, t = p["parallel"], p["training"]
     layers = 4 // par["pp"]  # tiny-4l, cut evenly
     dp = par["dp_replicate"] * par["dp_shard"]
-    return layers * t["global_batch"] // dp // t["micro_batch"]
+    micro = t["global_batch"] // dp // t["micro_batch"]
+    losses = micro if par["pp"] == 1 else 0  # rank 0 holds the first of two stages
+    return layers * micro + losses
 
 
 CASES = {f"{layout}_{ac}": compiled_case(layout, ac) for layout in LAYOUTS for ac in AC}
@@ -60,7 +63,7 @@ def test_every_block_runs_compiled(results, name):
     r = results[name]
     assert "error" not in r, r.get("error")
     assert r["dynamo_breaks"] == [], r["dynamo_breaks"]
-    n = blocks_times_micro_batches(CASES[name])
+    n = compiled_regions(CASES[name])
     assert (r["compiled_forward"], r["compiled_backward"]) == (n, n), r
     assert all(loss == loss for loss in r["losses"]) and len(r["losses"]) == STEPS
 
