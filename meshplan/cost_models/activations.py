@@ -44,18 +44,25 @@ class Convention:
     # (SiLU's, the residual sum before the FFN norm) in backward instead of keeping them, and fuses the
     # norms (no fp32 copies). Seen with saved-tensor hooks on a compiled runtime block, fp32 and bf16.
     compiled: bool = False
+    # Compiled float8 linears (torchao): with no AC the partitioner also recomputes each linear's input that
+    # is pointwise in saved tensors (the two norms' outputs, the attention output's contiguous copy, the
+    # SwiGLU product) for the float8 casts, keeping the FFN norm's input instead. Seen with saved-tensor
+    # hooks (benchmarks/saved_tensors.py, emulated on CPU) and in the H200 runs' peaks: a float8 block
+    # without AC allocates what the default selective set keeps (benchmarks/results/gpu_truth-*).
+    float8: bool = False
 
 
 PYTORCH = Convention()
 MEGATRON = Convention(attention="eager", dropout=True, sp_regathers=True)
 
 
-def convention_of(attention_kernel: str, norm_fp32: bool = False, compiled: bool = False) -> Convention:
+def convention_of(attention_kernel: str, norm_fp32: bool = False, compiled: bool = False,
+                  float8: bool = False) -> Convention:
     """A layout's convention: eager attention is Megatron-LM's (the only system modelled with it)."""
     if attention_kernel == "eager":
         return MEGATRON
     if compiled:
-        return Convention(compiled=True)
+        return Convention(compiled=True, float8=float8)
     return Convention(norm_fp32=True) if norm_fp32 else PYTORCH
 
 
@@ -74,8 +81,9 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH, lay
     q, v, o = spec.q_dim, spec.v_dim, spec.attn_out_dim
     # A norm's input is what its backward keeps (fused kernel); the fp32 composite keeps fp32 copies instead.
     norm_in_kept = not conv.norm_fp32
+    cast_recomputed = conv.compiled and conv.float8  # linear inputs recomputed for the float8 casts
     t = [ActivationTensor("block_in", "other", d, "sp", no_ac_saved=norm_in_kept),
-         ActivationTensor("attn_norm_out", "other", d, "gathered")]
+         ActivationTensor("attn_norm_out", "other", d, "gathered", no_ac_saved=not cast_recomputed)]
     if conv.norm_fp32:
         t += [ActivationTensor("attn_norm_fp32", "other", 2 * d, "sp", 4.0)]
     if spec.mla is not None:
@@ -97,13 +105,14 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH, lay
     if conv.attention == "flash":
         # The output projection saves its own input: the (batch, seq, heads*dim) contiguous copy of
         # the attention output, next to the (batch, heads, seq, dim) output SDPA keeps.
-        t += [ActivationTensor("attn_out_in", "other", o, "tp")]
+        t += [ActivationTensor("attn_out_in", "other", o, "tp", no_ac_saved=not cast_recomputed)]
     t += [ActivationTensor("attn_out_mm", "attn_out", d, "none", no_ac_saved=False),
           ActivationTensor("attn_out_rs", "attn_out", d, "sp", no_ac_saved=False)]
     if conv.dropout:
         t += [ActivationTensor("attn_resid_dropout_mask", "other", d, "sp", 1.0)]
-    t += [ActivationTensor("ffn_norm_in", "other", d, "sp", no_ac_saved=norm_in_kept and not conv.compiled),
-          ActivationTensor("ffn_norm_out", "other", d, "gathered")]
+    t += [ActivationTensor("ffn_norm_in", "other", d, "sp",
+                           no_ac_saved=norm_in_kept and (cast_recomputed or not conv.compiled)),
+          ActivationTensor("ffn_norm_out", "other", d, "gathered", no_ac_saved=not cast_recomputed)]
     if conv.norm_fp32:
         t += [ActivationTensor("ffn_norm_fp32", "other", 2 * d, "sp", 4.0)]
     if spec.is_moe_layer(layer):
@@ -112,7 +121,7 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH, lay
     if spec.arch == "llama":
         t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_in_1", "ffn_in", f, "tp"),
               ActivationTensor("ffn_act", "other", f, "tp", no_ac_saved=not conv.compiled),
-              ActivationTensor("ffn_gated", "other", f, "tp")]
+              ActivationTensor("ffn_gated", "other", f, "tp", no_ac_saved=not cast_recomputed)]
     else:
         t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_act", "other", f, "tp")]
     t += [ActivationTensor("ffn_out_mm", "ffn_out", d, "none", no_ac_saved=False),

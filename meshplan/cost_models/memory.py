@@ -16,12 +16,15 @@ from meshplan.cost_models.layout import Layout, stage_block_kinds
 from meshplan.cost_models.moe import rank_block_params
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import Overheads
-from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
+from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES, uses_fully_shard
 
 GIB = 1024.0 ** 3
 # The memory phases (pipeline ScheduleResult.phases) of an unpipelined step: one activation set.
 ONE_RANK_PHASES = (((1.0, 0.0, 1.0),),)
 STATE_BYTES = {"params": 4.0, "grads": 4.0, "optimizer": 8.0}
+# AdamW's foreach step (torch.optim's _multi_tensor_adam; the runtime and TorchTitan run it) allocates one
+# fp32 temporary per parameter: the square root of the second moments, before it divides the first.
+OPTIMIZER_STEP_TEMP_BYTES = 4.0
 
 
 @dataclass
@@ -166,13 +169,33 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     if lay.cp > 1:
         # All-gathered keys and values of one layer, for the whole sequence.
         mem.parts["cp_buffers"] = b.cp_buffers
+    stranded = 0.0
     if not b.grads_live:
         # Without accumulation the peak is at the start of backward, before any gradient exists
         # (zero_grad sets them to None); gradients grow only as activations are freed.
         held = mem.parts["activations"] + mem.parts["transient"] + mem.parts.get("losses", 0.0)
-        mem.parts["grads"] = max(0.0, mem.parts["grads"] - held)
+        gone = min(mem.parts["grads"], held)
+        mem.parts["grads"] -= gone
+        if uses_fully_shard(lay.fsdp_shard, lay.dp_replicate, lay.dtype):
+            # FSDP2 allocates the sharded gradients on its reduce-scatter stream, and the caching
+            # allocator keeps a stream's freed blocks for that stream: the previous step's gradients
+            # stay reserved, and the activations cannot use them.
+            stranded = gone
     live = mem.total
-    mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * live
+    mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * live + stranded
+    return mem
+
+
+def optimizer_step_memory(lay: Layout, rank: int, overheads: Overheads) -> RankMemory:
+    """A rank's memory while AdamW steps: its model states, every sharded gradient and the step's
+    temporary (OPTIMIZER_STEP_TEMP_BYTES); no activations. The peak of plans that hold few activations
+    (full AC on few devices): 20 bytes per local parameter."""
+    b = _rank_basis(lay, rank)
+    mem = RankMemory(rank)
+    params, grads, optimizer = b.state
+    mem.parts.update(params=params, grads=grads, optimizer=optimizer,
+                     optimizer_step=OPTIMIZER_STEP_TEMP_BYTES * params / STATE_BYTES["params"])
+    mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * mem.total
     return mem
 
 
@@ -190,7 +213,7 @@ def fragmentation_field(lay: Layout, overheads: Overheads) -> str:
 
 def _convention(lay: Layout) -> Convention:
     """Which tensors a block keeps on this layout's kernels (eager or compiled, fused or composite norm)."""
-    return convention_of(lay.attention_kernel, lay.norm_fp32, lay.compile)
+    return convention_of(lay.attention_kernel, lay.norm_fp32, lay.compile, lay.float8)
 
 
 def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
@@ -250,8 +273,8 @@ def peak_rank_memory(lay: Layout, rank: int, phases, overheads: Overheads) -> Ra
     = (activation units, kept outputs, live losses) at the highest point while j of its stages hold
     gradient accumulators, d = 1 once the last stage's losses are all backpropagated; None where never
     entered."""
-    return max((phase_memory(lay, rank, i, p, overheads) for i, p in heaviest_phases(enumerate(phases))),
-               key=lambda m: m.total)
+    during = (phase_memory(lay, rank, i, p, overheads) for i, p in heaviest_phases(enumerate(phases)))
+    return max((*during, optimizer_step_memory(lay, rank, overheads)), key=lambda m: m.total)
 
 
 def heaviest_phases(indexed) -> list[tuple[int, tuple[float, float, float]]]:

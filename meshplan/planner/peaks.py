@@ -9,7 +9,8 @@ cannot fit.
 from __future__ import annotations
 
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.memory import GIB, heaviest_phases, phase_memory, rank_memory, stage_params
+from meshplan.cost_models.memory import (GIB, heaviest_phases, optimizer_step_memory, phase_memory, rank_memory,
+                                         stage_params)
 from meshplan.profiles.schema import ClusterProfile
 
 
@@ -31,6 +32,7 @@ class Peaks:
                 heaviest[i] = r
             for i, load in heaviest_phases((i, phases[r][i]) for i, r in heaviest.items()):
                 peak = max(peak, phase_memory(lay, heaviest[i], i, load, self.prof.overheads).total)
+            peak = max(peak, optimizer_step_memory(lay, ranks[0], self.prof.overheads).total)
         return peak / GIB
 
     def rank_groups(self, lay: Layout) -> list[list[int]]:

@@ -59,9 +59,11 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
 
 
 def build_optimizers(parts: list[nn.Module], opts: RunOptions) -> tuple[list, list]:
-    """One AdamW + LambdaLR per model part (DCP's optimizer state dict is per module)."""
+    """One AdamW + LambdaLR per model part (DCP's optimizer state dict is per module). The foreach
+    implementation on every device, as TorchTitan's default: its step's temporary is what the estimate
+    prices (memory.OPTIMIZER_STEP_TEMP_BYTES); torch would take the per-tensor loop on a CPU."""
     optimizers = [torch.optim.AdamW(p.parameters(), lr=opts.lr, betas=(0.9, 0.95), eps=1e-8,
-                                    weight_decay=opts.weight_decay) for p in parts]
+                                    weight_decay=opts.weight_decay, foreach=True) for p in parts]
     factor = lr_lambda(opts.lr_warmup_steps(), opts.steps, opts.min_lr_ratio)
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in optimizers]
     return optimizers, schedulers

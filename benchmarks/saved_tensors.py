@@ -1,0 +1,117 @@
+"""What one runtime block keeps for backward on this device, against the activation inventory.
+
+For each variant (eager or compiled; AC none, selective with the default op set, or full; float8 or
+not) one llama3.2-3b block runs forward on one sequence under saved-tensor hooks, and every tensor
+autograd saves is listed once per storage (parameters and RoPE's tables aside), with the bytes per
+token they add up to beside what cost_models/activations.py prices for the same layout on this
+device's backend. The CPU test (tests/runtime/test_saved_activations.py) does this on gloo's
+kernels; this runs where the product runs.
+
+    python benchmarks/saved_tensors.py --out benchmarks/results    # on a GPU (or CPU, smaller seq)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from meshplan.cost_models.activations import activation_bytes_per_token, convention_of  # noqa: E402
+from meshplan.runtime.activation_checkpoint import apply_ac  # noqa: E402
+from meshplan.runtime.model import Transformer  # noqa: E402
+from meshplan.specs.registry import resolve_model  # noqa: E402
+from meshplan.specs.rules import COMPOSITE, rms_norm_kernel  # noqa: E402
+
+
+@dataclass
+class Variant:
+    compiled: bool
+    ac: str
+    float8: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{'compiled' if self.compiled else 'eager'} AC {self.ac}{' float8' if self.float8 else ''}"
+
+
+VARIANTS = [Variant(False, "none"), Variant(True, "none"), Variant(True, "selective"), Variant(True, "full"),
+            Variant(True, "none", True), Variant(True, "selective", True)]
+
+
+def saved_tensors(model: str, seq: int, v: Variant, device: torch.device) -> tuple[float, list[str]]:
+    """(bytes per token, one line per saved storage) of the first block of `model`."""
+    one = replace(resolve_model(model), n_layers=1)
+    torch.manual_seed(0)
+    with torch.device(device):
+        net = Transformer(one).to(torch.bfloat16)
+    apply_ac(net, v.ac, None)
+    block = list(net.layers.values())[0]
+    if v.float8:
+        from meshplan.runtime.float8 import apply_float8
+
+        apply_float8(block, emulate=device.type == "cpu")
+    run = torch.compile(block) if v.compiled else block
+    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    x = torch.randn(1, seq, one.dim, dtype=torch.bfloat16, device=device, requires_grad=True)
+    if v.compiled:
+        run(x).sum().backward()  # compile outside the hooks
+    seen: dict[int, str] = {}
+    sizes: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and t.dim() >= 2 and t.numel() >= seq:
+            sizes[ptr] = t.untyped_storage().nbytes()
+            seen[ptr] = f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} {sizes[ptr] / seq:.0f} B/token"
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = run(x)
+    del y
+    return sum(sizes.values()) / seq, sorted(seen.values())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="llama3.2-3b")
+    ap.add_argument("--seq", type=int, default=None, help="tokens (default 4096 on a GPU, 512 on a CPU)")
+    ap.add_argument("--out", default=None, help="folder for saved_tensors-<device>.md")
+    args = ap.parse_args()
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    seq = args.seq or (4096 if cuda else 512)
+    backend = "nccl" if cuda else "gloo"
+    spec = resolve_model(args.model)
+    norm_fp32 = spec.arch == "llama" and rms_norm_kernel(backend) == COMPOSITE
+    name = torch.cuda.get_device_name() if cuda else "CPU"
+    lines = [f"# Saved tensors of one {args.model} block, bf16, seq {seq}, on {name} (torch {torch.__version__})", "",
+             "| variant | measured B/token | priced B/token | error |", "|---|---|---|---|"]
+    detail = []
+    for v in VARIANTS:
+        t0 = time.time()
+        try:
+            measured, listing = saved_tensors(args.model, seq, v, device)
+        except Exception as e:  # a variant this device cannot run: say so, go on
+            lines.append(f"| {v.name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} | | |")
+            continue
+        conv = convention_of("flash", norm_fp32, v.compiled, v.float8)
+        priced = activation_bytes_per_token(spec, seq, 1, False, v.ac, None, 2.0, conv)
+        lines.append(f"| {v.name} | {measured:.0f} | {priced:.0f} | {priced / measured - 1:+.1%} |")
+        detail += [f"## {v.name} ({time.time() - t0:.0f} s)", ""] + [f"- {s}" for s in listing] + [""]
+    text = "\n".join(lines + [""] + detail)
+    print(text)
+    if args.out:
+        out = Path(args.out) / f"saved_tensors-{name.replace(' ', '_')}.md"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
