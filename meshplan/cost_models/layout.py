@@ -8,7 +8,7 @@ from functools import lru_cache
 from meshplan.cost_models import constants
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
-from meshplan.specs.rules import (COMPOSITE, cp_attention_kind, cp_kv_repeated, ep_fsdp, loss_compiled,
+from meshplan.specs.rules import (COMPOSITE, NCCL, cp_attention_kind, cp_kv_repeated, ep_fsdp, loss_compiled,
                                   profile_backend, rms_norm_kernel)
 
 # Bytes per element of each compute dtype (tf32 is stored as fp32).
@@ -68,6 +68,9 @@ class Layout:
     # Whether the stack compiles the loss where it compiles the blocks (meshplan's runtime does, by
     # specs/rules.py loss_compiled; TorchTitan 2024 compiled the blocks alone): see loss_compiled.
     compiles_loss: bool = True
+    # Whether tensors live in CUDA's caching allocator, whose per-stream pools keep FSDP2's freed gradients
+    # reserved (memory.rank_memory); runtime_paths() sets it from the backend (not on gloo's CPU ranks).
+    caching_allocator: bool = True
 
     @property
     def loss_compiled(self) -> bool:
@@ -169,7 +172,8 @@ def runtime_paths(lay: Layout, prof) -> Layout:
     backend = profile_backend(prof.provenance)
     kind = cp_attention_kind(backend)
     norm_fp32 = lay.spec.arch == "llama" and lay.dtype != "fp32" and rms_norm_kernel(backend) == COMPOSITE
-    return lay.with_(cp_attention=kind, kv_repeated=cp_kv_repeated(kind), norm_fp32=norm_fp32)
+    return lay.with_(cp_attention=kind, kv_repeated=cp_kv_repeated(kind), norm_fp32=norm_fp32,
+                     caching_allocator=backend == NCCL)
 
 
 def layout_of(plan: Plan) -> Layout:

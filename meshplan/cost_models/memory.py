@@ -176,7 +176,7 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
         held = mem.parts["activations"] + mem.parts["transient"] + mem.parts.get("losses", 0.0)
         gone = min(mem.parts["grads"], held)
         mem.parts["grads"] -= gone
-        if uses_fully_shard(lay.fsdp_shard, lay.dp_replicate, lay.dtype):
+        if lay.caching_allocator and uses_fully_shard(lay.fsdp_shard, lay.dp_replicate, lay.dtype):
             # FSDP2 allocates the sharded gradients on its reduce-scatter stream, and the caching
             # allocator keeps a stream's freed blocks for that stream: the previous step's gradients
             # stay reserved, and the activations cannot use them.

@@ -58,11 +58,20 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
     return factor
 
 
+def param_groups(part: nn.Module) -> list[dict[str, Any]]:
+    """A part's parameters, DTensors apart from plain tensors: AdamW steps each group with one foreach
+    call, which cannot mix the two (TP without FSDP leaves the norms plain). Checkpoints key optimizer
+    state by parameter name (checkpoint.OPTIONS), so the grouping does not tie them to a layout."""
+    params = list(part.parameters())
+    kinds = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    return [{"params": group} for group in kinds if group]
+
+
 def build_optimizers(parts: list[nn.Module], opts: RunOptions) -> tuple[list, list]:
     """One AdamW + LambdaLR per model part (DCP's optimizer state dict is per module). The foreach
     implementation on every device, as TorchTitan's default: its step's temporary is what the estimate
     prices (memory.OPTIMIZER_STEP_TEMP_BYTES); torch would take the per-tensor loop on a CPU."""
-    optimizers = [torch.optim.AdamW(p.parameters(), lr=opts.lr, betas=(0.9, 0.95), eps=1e-8,
+    optimizers = [torch.optim.AdamW(param_groups(p), lr=opts.lr, betas=(0.9, 0.95), eps=1e-8,
                                     weight_decay=opts.weight_decay, foreach=True) for p in parts]
     factor = lr_lambda(opts.lr_warmup_steps(), opts.steps, opts.min_lr_ratio)
     schedulers = [torch.optim.lr_scheduler.LambdaLR(o, factor) for o in optimizers]
