@@ -9,11 +9,12 @@ from dataclasses import replace
 from meshplan.commands.argparsing import ArgumentParser
 from meshplan.cost_models.band import band_of
 from meshplan.cost_models.estimate import Estimate, estimate_plan
+from meshplan.cost_models.stacks import STACKS
 from meshplan.cost_models.plan_checks import check_against_profile
 from meshplan.errors import InputError
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import Plan, check_consistency, load_plan
-from meshplan.specs.rules import check_backend_rules, normalise_moot_fields, profile_backend
+from meshplan.specs.rules import MESHPLAN, check_backend_rules, normalise_moot_fields, profile_backend
 
 
 # Memory budgets tried, as multiples of the device's usable memory, when no completion fits: the first is
@@ -53,6 +54,8 @@ def _print_breakdown(plan: Plan, est: Estimate) -> None:
     print(f"batch: seq {t.seq_len}, global {t.global_batch}, micro {t.micro_batch}, "
           f"{est.pipeline['microbatches']} micro-batches per step; AC {m.activation_checkpointing}, "
           f"float8 {m.float8}, compile {plan.compile}")
+    if plan.stack != MESHPLAN:
+        print(f"stack: {plan.stack}, priced as that stack runs the layout ({'; '.join(STACKS[plan.stack].sources)})")
     print(f"\nstep time      {est.step_time_s:10.4f} s")
     print(f"tokens/s/GPU   {est.tokens_per_s_per_gpu:10.1f}")
     print(f"MFU / HFU      {est.mfu:10.1%} / {est.hfu:.1%}  (against the {est.mfu_peak} peak)")

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from meshplan.cost_models.moe import moe_tensors
 from meshplan.cost_models.saved_tensor import ActivationTensor
+from meshplan.cost_models.stacks import TORCHTITAN_OP_POLICY
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import DEFAULT_SAC_OPS
 
@@ -26,9 +27,8 @@ SHARDINGS = ("tp", "sp", "gathered", "none")
 
 # TorchTitan's default selective policy ("op"): save SDPA outputs, every other matmul output
 # (wq, wv, w1, w2 of a Llama block) and reduce-scatter outputs. Names of ActivationTensor below.
-# Used for TorchTitan's published runs (sac_ops = TORCHTITAN_OP_POLICY); meshplan's own default
-# is DEFAULT_SAC_OPS.
-TORCHTITAN_OP_POLICY = "torchtitan_op"
+# What selective AC saves on the torchtitan stack (stacks.py) and on TorchTitan's published runs
+# (sac_ops = TORCHTITAN_OP_POLICY); meshplan's own default is DEFAULT_SAC_OPS.
 TORCHTITAN_OP_SAC = ("block_in", "q_mm", "v_mm", "attn_core_out", "ffn_in_0", "ffn_out_mm", "attn_out_rs", "ffn_out_rs")
 
 

@@ -8,6 +8,7 @@ from functools import lru_cache
 from meshplan.cost_models import constants
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
+from meshplan.cost_models.stacks import stack_changes
 from meshplan.specs.rules import (COMPOSITE, NCCL, cp_attention_kind, cp_kv_repeated, ep_fsdp, loss_compiled,
                                   profile_backend, rms_norm_kernel)
 
@@ -182,12 +183,14 @@ def layout_of(plan: Plan) -> Layout:
         raise ValueError(f"plan has auto fields: {plan.auto_fields()}")
     pp, v = p.pp, (p.pp_virtual_stages if p.pp > 1 else 1)
     layers = tuple(p.pp_layers) if p.pp_layers else even_split(plan.model.n_layers, pp * v)
-    return Layout(
+    sac_ops = tuple(m.sac_ops) if m.sac_ops is not None else None
+    lay = Layout(
         spec=plan.model, gpus=plan.gpus, seq_len=t.seq_len, global_batch=t.global_batch,
         micro_batch=t.micro_batch, dtype=t.dtype, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard,
         tp=p.tp, sp=bool(p.sequence_parallel) and p.tp > 1, async_tp=bool(p.async_tp) and p.tp > 1,
         pp=pp, schedule=p.pp_schedule if pp > 1 else "1F1B", v=v, stage_layers=layers, cp=p.cp,
-        ac=m.activation_checkpointing, sac_ops=tuple(m.sac_ops) if m.sac_ops is not None else None,
+        ac=m.activation_checkpointing, sac_ops=sac_ops,
         float8=bool(m.float8), reshard_after_forward=bool(m.reshard_after_forward), compile=bool(plan.compile),
         ep=int(p.ep), moe_imbalance=default_imbalance(plan.model),
     )
+    return lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops))

@@ -11,8 +11,8 @@ is assumed once here, and printed by `meshplan validate`:
   seq 2048, A100): the Megatron conventions above; "selective recompute" is theirs (the attention
   core alone); sequence parallelism's backward re-gather of its inputs is taken as hidden under the
   input-gradient matmul, which Megatron overlaps it with.
-- TorchTitan (Llama 3.1 on H100 96GB at 500 W): selective AC is TorchTitan's op policy (every
-  other matmul and SDPA saved), FSDP2 with reshard after forward (not with PP),
+- TorchTitan (Llama 3.1 on H100 96GB at 500 W), priced on the torchtitan stack (stacks.py: selective
+  AC is TorchTitan's op policy, every other matmul and SDPA saved), FSDP2 with reshard after forward (not with PP),
   pipeline micro-batches = PP degree (TorchTitan 9dec370's build_pipeline_schedule defaulted to
   pipeline_parallel_degree, though its help text says one per stage; the Interleaved 1F1B row's
   published speed-up over 1F1B is the bubble ratio at 8 micro-batches), Interleaved
@@ -26,11 +26,12 @@ is assumed once here, and printed by `meshplan validate`:
   (kv_repeated, cp_attention="ring"). Its torch.compile covered the blocks, not the loss (compiles_loss
   False: its train.py of late 2024 left `torch.compile(loss_fn)` commented out, "causes CUDA errors").
 - Megatron-Bridge MoE runs on B200 and GB200 (moe_training_blackwell.csv; Megatron-Core with
-  Transformer Engine): routing force-balanced (the page's footnote), so priced at imbalance 1;
+  Transformer Engine), priced on the megatron-core stack (stacks.py): routing force-balanced (the page's footnote), so priced at imbalance 1;
   token-drop rows are skipped (their capacity factor is not printed). Megatron's DDP with the
   distributed optimizer gathers parameters and reduces gradients once per step: priced as FSDP over
-  the data-parallel ranks without resharding, gradients synchronised at the last micro-batch. The loss
-  as an unfused cross-entropy (whether the recipes fuse it is not printed). Expert
+  the data-parallel ranks without resharding, gradients synchronised at the last micro-batch (the
+  stack's). The loss as an unfused cross-entropy (the stack's; whether the recipes fuse it is not
+  printed). Expert
   parallelism folds into data x context x tensor parallelism as in TorchTitan (EP innermost after TP),
   expert-TP 1. MXFP8 and FP8 recipes as float8 (the parts' dense fp8 peak), BF16 as bf16. Fused
   kernels (Transformer Engine, cuDNN attention) as compiled blocks; flash attention with grouped K/V.
@@ -49,10 +50,10 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 
-from meshplan.cost_models.activations import TORCHTITAN_OP_POLICY
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
 from meshplan.specs.registry import resolve_model
+from meshplan.specs.rules import MEGATRON_CORE, TORCHTITAN
 
 
 @dataclass
@@ -168,15 +169,13 @@ def torchtitan_rows() -> list[PublishedRow]:
                                   pp_virtual_stages=2 if interleaved else 1, pp_layers=layers, cp=cp),
             memory=MemorySpec(activation_checkpointing=r["activation checkpointing"], sac_ops=None,
                               float8="Float8" in tech, reshard_after_forward=pp == 1),
-            compile="compile" in tech,
+            compile="compile" in tech, stack=TORCHTITAN,
         )
         label = f"{r['table']}: {r['model']} {gpus} GPUs {r['parallelism']} seq {seq} | {tech}"
         tps = float(r["TPS/GPU"].replace(",", ""))
         overrides: dict = {"kv_repeated": True, "cp_attention": "ring", "compiles_loss": False}
         if pp > 1:
             overrides["pp_keeps_outputs"] = True
-        if r["activation checkpointing"] == "selective":
-            overrides["sac_ops"] = TORCHTITAN_OP_POLICY
         rows.append(PublishedRow(f"TorchTitan H100 ({r['table']})", label, plan, "tokens_per_s_per_gpu", tps,
                                  float(r["Memory(GiB)"]), layout_overrides=overrides))
     return rows
@@ -186,7 +185,7 @@ MOE_MODELS = {"DeepSeek-V3": "deepseek-v3", "GPT-OSS-120B": "gpt-oss-120b", "Qwe
               "Qwen3-235B-A22B": "qwen3-235b-a22b"}
 MOE_PROFILES = {"GB200": "gb200-186g-nvl72", "B200": "b200-180g-dgx"}
 MEGATRON_BRIDGE_MOE = "Megatron-Bridge MoE (B200, GB200)"
-MEGATRON_MOE_OVERRIDES = {"moe_imbalance": 1.0, "grad_sync": "last_microbatch", "compiles_loss": False}
+MEGATRON_MOE_OVERRIDES = {"moe_imbalance": 1.0}
 
 
 def moe_blackwell_rows() -> list[PublishedRow]:
@@ -211,7 +210,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                   async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
                                   pp_virtual_stages=v, pp_layers=None, cp=deg["cp"], ep=deg["ep"]),
             memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=fp8, reshard_after_forward=False),
-            compile=True,
+            compile=True, stack=MEGATRON_CORE,
         )
         rows.append(PublishedRow(MEGATRON_BRIDGE_MOE, label, plan, "mcore_tflops_per_gpu",
                                  float(r["tflops_per_gpu"]), skipped=skipped,

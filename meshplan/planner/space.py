@@ -29,8 +29,8 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
-from meshplan.specs.rules import (async_tp_reason, compile_reason, ep_reason, profile_backend, tied_embeddings_reason,
-                                  uses_fully_shard)
+from meshplan.specs.rules import (async_tp_reason, compile_reason, ep_reason, profile_backend, stack_reason,
+                                  tied_embeddings_reason, uses_fully_shard)
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
 SAC_ILP = "ilp"  # selective AC with the op kinds the SAC ILP chooses under the memory budget
@@ -89,6 +89,9 @@ class Space:
 
     @classmethod
     def from_plan(cls, plan: Plan, profile: ClusterProfile, excludes: dict[str, list[Any]] | None = None) -> "Space":
+        why = stack_reason(plan.stack, "plan")  # the search builds meshplan-runtime layouts (enumeration.py)
+        if why:
+            raise InputError("stack", why)
         t = plan.training
         notes = []
         dtype = t.dtype

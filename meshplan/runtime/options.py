@@ -8,7 +8,7 @@ from pathlib import Path
 from meshplan.errors import InputError
 from meshplan.specs.plan import Plan
 from meshplan.specs.rules import (backend_for_device, check_runtime_rules, float8_device_reason, microbatch_reason,
-                                  tied_embeddings_reason, unsupported_fields)
+                                  stack_reason, tied_embeddings_reason, unsupported_fields)
 
 
 @dataclass
@@ -65,6 +65,9 @@ def check_runnable(plan: Plan, device_type: str | None = None) -> None:
         raise InputError("plan", f"has 'auto' fields ({', '.join(auto)}); fill them with "
                                  "`meshplan estimate --plan P` or `meshplan plan` first")
     check_runtime_rules(plan)  # the combinations the planner prunes (specs/rules.py), for plans built in code
+    why = stack_reason(plan.stack, "run")
+    if why:
+        raise InputError("stack", why)
     p = plan.parallel
     why = tied_embeddings_reason(plan.model.tied_embeddings, p.tp, p.pp)
     if why:

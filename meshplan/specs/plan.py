@@ -11,7 +11,7 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import check_runtime_rules, ep_reason
+from meshplan.specs.rules import MESHPLAN, STACKS, check_runtime_rules, ep_reason
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -80,6 +80,7 @@ class Plan:
     mesh_order: list[str] | None = None  # mesh dims outer -> inner (default: pp, dp_replicate, dp_shard, cp, tp)
     model_ref: Any = None  # how the user named the model (kept so a written plan says the same)
     version: int = 1
+    stack: str = MESHPLAN  # the software stack the plan is priced for (specs/rules.py STACKS)
 
     def auto_fields(self) -> list[str]:
         out = []
@@ -110,6 +111,8 @@ class Plan:
             out["placement"] = dict(self.placement)
         if self.mesh_order:
             out["mesh_order"] = list(self.mesh_order)
+        if self.stack != MESHPLAN:
+            out["stack"] = self.stack  # a plan for meshplan's runtime reads as before `stack` existed
         if estimate is not None:
             out["estimate"] = estimate
         return out
@@ -129,7 +132,7 @@ class Plan:
 
 
 TOP_LEVEL = ("version", "model", "cluster", "gpus", "training", "parallel", "memory", "compile",
-             "placement", "mesh_order", "estimate")
+             "placement", "mesh_order", "stack", "estimate")
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -162,6 +165,7 @@ def plan_from_dict(data: Any) -> Plan:
         placement=_parse_placement(data.get("placement")),
         mesh_order=_parse_mesh_order(data.get("mesh_order")),
         model_ref=data["model"] if isinstance(data["model"], str) else None,
+        stack=as_choice(data.get("stack", MESHPLAN), "stack", STACKS),
     )
     check_consistency(plan)
     return plan

@@ -16,6 +16,10 @@ if TYPE_CHECKING:  # plan.py checks these rules when it loads a plan
     from meshplan.specs.plan import Plan
 
 NCCL, GLOO = "nccl", "gloo"
+# The software stacks a plan can be priced for (plan field `stack`; what each runs differently is
+# cost_models/stacks.py). meshplan's own runtime is the default, and the only one `run` executes.
+MESHPLAN, TORCHTITAN, MEGATRON_CORE = "meshplan", "torchtitan", "megatron-core"
+STACKS = (MESHPLAN, TORCHTITAN, MEGATRON_CORE)
 BACKENDS = (NCCL, GLOO)
 RING, GATHER = "ring", "gather"
 
@@ -295,6 +299,16 @@ def check_runtime_rules(plan: Plan) -> None:
                          "input- and weight-gradient passes that each recompute a checkpointed block (PyTorch's "
                          "selective-checkpoint cache serves a saved tensor once); use full or none, or a schedule "
                          f"other than {', '.join(SPLIT_BACKWARD_SCHEDULES)}")
+
+
+def stack_reason(stack: str, command: str) -> str | None:
+    """Why `meshplan <command>` (run, or a search: plan, or estimate filling 'auto' fields) cannot take a
+    plan of another stack, or None: both cover meshplan's own runtime, whose layouts the search builds;
+    `estimate` prices a complete plan on any stack."""
+    if stack == MESHPLAN:
+        return None
+    return (f"must be {MESHPLAN} for `meshplan {command}`, which covers meshplan's own runtime, got {stack}; "
+            f"`meshplan estimate` prices a complete plan (no 'auto' field) on {stack}")
 
 
 def tied_embeddings_reason(tied: bool, tp: int, pp: int) -> str | None:

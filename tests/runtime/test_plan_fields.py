@@ -167,6 +167,13 @@ def refused_ep():
     refused(plan_from_dict(moe), "model")
 
 
+def refused_stack():
+    """`stack` prices a layout as another stack runs it (tests/foundation/test_stacks.py); `run` executes
+    meshplan's runtime, so it refuses any other stack before launch, and an unknown stack on load."""
+    refused(plan_from_dict(raw(stack="megatron-core")), "stack")
+    refused_on_load(raw(stack="jax"), "stack")
+
+
 def effect_pp():
     t = build(model="tiny-4l", parallel__pp=2)
     assert list(t.model.parts[0].layers.keys()) == ["0", "1"] and t.schedule is not None
@@ -315,7 +322,7 @@ def refused(plan, field_name: str) -> None:
 DECISIONS = {
     "model": effect_model, "cluster": effect_cluster, "gpus": effect_gpus, "compile": effect_compile,
     "placement": checked_placement, "mesh_order": effect_mesh_order, "model_ref": format_model_ref,
-    "version": format_version,
+    "version": format_version, "stack": refused_stack,
     "training.seq_len": effect_seq_len, "training.global_batch": effect_global_batch,
     "training.micro_batch": effect_micro_batch, "training.dtype": effect_dtype,
     "parallel.dp_replicate": effect_dp_replicate, "parallel.dp_shard": effect_dp_shard, "parallel.tp": effect_tp,

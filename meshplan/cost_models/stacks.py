@@ -1,0 +1,49 @@
+"""What each software stack runs differently from meshplan's runtime, as the estimate prices it (plan
+field `stack`; the names are specs/rules.py STACKS). Each feature names its source; a stack that differs
+in nothing else is priced as meshplan's runtime. The published rows' own versions of a stack (TorchTitan
+as of December 2024, say) add what that version did (published.py layout overrides)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.specs.rules import MEGATRON_CORE, MESHPLAN, TORCHTITAN
+
+# TorchTitan's default selective policy ("op"), by name: activations.saved_names lists what it saves.
+TORCHTITAN_OP_POLICY = "torchtitan_op"
+
+
+@dataclass(frozen=True)
+class Stack:
+    # What `activation_checkpointing: selective` saves when the plan lists no sac_ops: None for
+    # meshplan's DEFAULT_SAC_OPS, else an op-kind tuple or a named policy (activations.saved_names).
+    selective_default: tuple[str, ...] | str | None
+    compiles_loss: bool  # the loss compiled with the blocks (Layout.compiles_loss)
+    grad_sync: str  # every_microbatch | last_microbatch (Layout.grad_sync)
+    sources: tuple[str, ...]
+
+
+STACKS: dict[str, Stack] = {
+    MESHPLAN: Stack(None, True, "every_microbatch", ("meshplan's runtime (docs/runtime.md)",)),
+    TORCHTITAN: Stack(
+        TORCHTITAN_OP_POLICY, True, "every_microbatch",
+        ("selective AC 'op': save SDPA's output and every other matmul's (torchtitan apply_ac, _save_list)",
+         "loss compiled with the model when compiling (torchtitan components/loss.py build_cross_entropy_loss)",
+         "FSDP2 reduce-scatters gradients at every micro-batch, as meshplan's runtime")),
+    MEGATRON_CORE: Stack(
+        ("qkv", "attn_out", "ffn_in", "ffn_out"), False, "last_microbatch",
+        ("selective recompute of the core attention alone (TransformerConfig.recompute_modules default "
+         "['core_attn']): every matmul's output kept",
+         "gradients reduced once per step, at the last micro-batch (DistributedDataParallel's no_sync over "
+         "micro-batches; the distributed optimizer)",
+         "cross-entropy on vocab-parallel logits in fp32, not torch.compile'd: priced as the eager loss")),
+}
+
+
+def stack_changes(stack: str, ac: str, sac_ops) -> dict:
+    """Layout fields that `stack` sets on a plan's layout (layout.layout_of)."""
+    s = STACKS[stack]
+    out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync}
+    if ac == "selective" and sac_ops is None and s.selective_default is not None:
+        out["sac_ops"] = s.selective_default
+    return out

@@ -1,0 +1,86 @@
+"""The plan field `stack`: the same layout priced as meshplan's runtime, TorchTitan or Megatron-Core runs
+it (cost_models/stacks.py), checked against hand counts; `run` and the search take meshplan's own only."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.cost_models.estimate import data_parallel_comm, estimate_plan, group_spans
+from meshplan.cost_models.layout import layout_of, runtime_paths
+from meshplan.cost_models.memory import head_input_bytes, loss_buffer_bytes
+from meshplan.cost_models.published import all_training_rows
+from meshplan.errors import InputError
+from meshplan.planner.space import Space
+from meshplan.profiles.registry import load_profile
+from meshplan.runtime.options import check_runnable
+from meshplan.specs.plan import plan_from_dict
+
+RAW = {"version": 1, "model": "llama3-8b", "cluster": "h100-80g-dgx", "gpus": 32,
+       "training": {"seq_len": 8192, "global_batch": 256, "micro_batch": 1, "dtype": "bf16"},
+       "parallel": {"dp_replicate": 1, "dp_shard": 32, "tp": 1, "sequence_parallel": False, "async_tp": False,
+                    "pp": 1, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "cp": 1},
+       "memory": {"activation_checkpointing": "selective", "float8": False, "reshard_after_forward": True},
+       "compile": True}
+PROFILE = load_profile("h100-80g-dgx")
+VOCAB = 128256  # Llama 3's tokenizer
+
+
+def on(stack: str, **top):
+    return plan_from_dict({**RAW, **top, "stack": stack})
+
+
+def test_the_field_reads_writes_and_refuses_one_line():
+    assert "stack" not in plan_from_dict(RAW).to_dict()  # a meshplan plan reads as before the field
+    assert plan_from_dict(on("megatron-core").to_dict()).stack == "megatron-core"
+    with pytest.raises(InputError) as err:
+        on("deepspeed")
+    assert str(err.value).startswith("stack: must be one of meshplan | torchtitan | megatron-core")
+
+
+@pytest.mark.parametrize("stack", ["torchtitan", "megatron-core"])
+def test_run_and_the_search_take_meshplans_runtime_only(stack):
+    with pytest.raises(InputError) as err:
+        check_runnable(on(stack), "cuda")
+    assert str(err.value).startswith("stack: must be meshplan for `meshplan run`") and "\n" not in str(err.value)
+    with pytest.raises(InputError) as err:
+        Space.from_plan(on(stack), PROFILE)
+    assert str(err.value).startswith("stack: must be meshplan for `meshplan plan`")
+    check_runnable(on("meshplan"), "cuda")
+
+
+def test_megatron_core_reduces_gradients_once_per_step():
+    """256 sequences over 32 data-parallel ranks at micro-batch 1: 8 micro-batches. FSDP2 (meshplan,
+    TorchTitan) reduce-scatters at each, Megatron's DDP once: 8x the reduce-scatter time, by count."""
+    comm = {}
+    for stack in ("meshplan", "megatron-core"):
+        lay = runtime_paths(layout_of(on(stack)), PROFILE)
+        comm[stack] = data_parallel_comm(lay, PROFILE, group_spans(lay, PROFILE), 0, 1.0)
+    assert comm["meshplan"].reduce_scatter == pytest.approx(8 * comm["megatron-core"].reduce_scatter, rel=1e-12)
+    assert comm["meshplan"].all_gather == pytest.approx(comm["megatron-core"].all_gather, rel=1e-12)
+    steps = {s: estimate_plan(on(s), PROFILE).step_time_s for s in ("meshplan", "megatron-core")}
+    assert steps["megatron-core"] < steps["meshplan"]
+
+
+def test_megatron_core_prices_the_eager_loss():
+    """Megatron's fp32 cross-entropy is not compiled: 14 bytes per bf16 logit against the compiled 4, so
+    10 x 8192 tokens x 128,256 logits more at the loss's peak."""
+    buffers = {s: loss_buffer_bytes(layout_of(on(s))) - head_input_bytes(layout_of(on(s)))
+               for s in ("meshplan", "megatron-core", "torchtitan")}
+    assert buffers["megatron-core"] - buffers["meshplan"] == pytest.approx(10 * 8192 * VOCAB)
+    assert buffers["torchtitan"] == buffers["meshplan"]  # TorchTitan compiles its loss too
+
+
+def test_selective_ac_saves_what_each_stack_saves():
+    """With no sac_ops: meshplan's default op set, TorchTitan's op policy (every other matmul: it
+    recomputes more, so it keeps less and its step is longer), Megatron's core-attention recompute
+    (every matmul output kept: more memory than meshplan's default, which recomputes ffn_out)."""
+    est = {s: estimate_plan(on(s), PROFILE) for s in ("meshplan", "torchtitan", "megatron-core")}
+    act = {s: e.memory_gib["activations"] for s, e in est.items()}
+    assert act["torchtitan"] < act["meshplan"] < act["megatron-core"]
+    assert est["torchtitan"].time_s["recompute"] > est["meshplan"].time_s["recompute"]
+
+
+def test_published_rows_are_priced_on_their_stack():
+    stacks = {r.table.split(" (")[0]: r.plan.stack for r in all_training_rows() if r.plan is not None}
+    assert stacks["TorchTitan H100"] == "torchtitan"
+    assert stacks["Megatron-Bridge MoE"] == "megatron-core"
