@@ -36,7 +36,8 @@ STACKS: dict[str, Stack] = {
          "['core_attn']): every matmul's output kept",
          "gradients reduced once per step, at the last micro-batch (DistributedDataParallel's no_sync over "
          "micro-batches; the distributed optimizer)",
-         "cross-entropy on vocab-parallel logits in fp32, not torch.compile'd: priced as the eager loss")),
+         "cross-entropy unfused by default (ModelParallelConfig.cross_entropy_loss_fusion False): priced as "
+         "the eager loss; recipes that turn Transformer Engine's fused one on are not told apart")),
 }
 
 
