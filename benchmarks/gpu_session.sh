@@ -5,8 +5,10 @@
 #
 #   device run, carry [".whl"], timeout 540:   bash benchmarks/gpu_session.sh
 #
-# BUDGET_S (default 330) stops new runs; each 3B run takes about 35 s plus its compile. Outputs go to
-# $OUT (the device tool's folder), or benchmarks/results when run elsewhere.
+# BUDGET_S (default 330) stops new runs; each 3B run takes about 35 s plus its compile. Then the saved
+# tensors of one block (benchmarks/saved_tensors.py) and a profiled step of the pick and of AC full
+# (their top ops by GPU time): about 2 more minutes, so keep BUDGET_S + 150 under the call's limit.
+# Outputs go to $OUT (the device tool's folder), or benchmarks/results when run elsewhere.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-benchmarks/results}"
@@ -21,4 +23,16 @@ python3 benchmarks/gpu_truth.py --no-profile --models "${MODELS:-llama3.2-3b}" -
   --variants activation_checkpointing=full --steps 6 --budget-s "${BUDGET_S:-330}" --out "$out" --work "$work"
 status=$?
 tar czf "$out/gpu_truth_logs.tgz" -C "$work" runs plans 2>/dev/null
+# What one block keeps for backward on this GPU, against the inventory (about 40 s).
+timeout 150 python3 benchmarks/saved_tensors.py --out "$out" > /dev/null 2>&1 || echo "saved_tensors failed"
+# Where a step's time goes, for the pick and for AC full (the priced recompute is about twice what the
+# H200 measured at 540f8e8): one profiled step each, the top ops by GPU time (PROFILE_OPS=0 skips it).
+if [ "${PROFILE_OPS:-1}" = 1 ]; then
+  for name in llama3.2-3b-planner_1 "llama3.2-3b-variant_activation_checkpointing=full"; do
+    plan="$work/plans/$name.yaml"
+    [ -f "$plan" ] || continue
+    timeout 150 python3 -m meshplan run --plan "$plan" --steps 4 --profile-steps 1 --no-final-checkpoint --quiet \
+      --out "$work/profile/$name" > /dev/null 2>&1 && cp "$work/profile/$name"/profile/rank0_step*_ops.txt "$out/ops-$name.txt"
+  done
+fi
 exit $status
