@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from meshplan.cost_models.activations import activation_bytes_per_token, convention_of  # noqa: E402
 from meshplan.runtime.activation_checkpoint import apply_ac  # noqa: E402
+from meshplan.runtime.metrics import saved_activations  # noqa: E402
 from meshplan.runtime.model import Transformer  # noqa: E402
 from meshplan.specs.registry import resolve_model  # noqa: E402
 from meshplan.specs.rules import COMPOSITE, rms_norm_kernel  # noqa: E402
@@ -57,24 +58,12 @@ def saved_tensors(model: str, seq: int, v: Variant, device: torch.device) -> tup
 
         apply_float8(block, emulate=device.type == "cpu")
     run = torch.compile(block) if v.compiled else block
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
     x = torch.randn(1, seq, one.dim, dtype=torch.bfloat16, device=device, requires_grad=True)
     if v.compiled:
         run(x).sum().backward()  # compile outside the hooks
-    seen: dict[int, str] = {}
-    sizes: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and t.dim() >= 2 and t.numel() >= seq:
-            sizes[ptr] = t.untyped_storage().nbytes()
-            seen[ptr] = f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} {sizes[ptr] / seq:.0f} B/token"
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y = run(x)
-    del y
-    return sum(sizes.values()) / seq, sorted(seen.values())
+    sizes = [(t, t.untyped_storage().nbytes()) for t in saved_activations(run, x)]
+    listing = [f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} {n / seq:.0f} B/token" for t, n in sizes]
+    return sum(n for _, n in sizes) / seq, sorted(listing)
 
 
 def main() -> int:

@@ -51,6 +51,27 @@ from torch.utils._pytree import tree_flatten
 
 
 
+def saved_activations(module: Any, x: torch.Tensor) -> list[torch.Tensor]:
+    """What autograd saves for backward while `module` runs forward on `x` (batch, seq, dim): one tensor per
+    storage, the module's parameters aside, and only activation-sized ones (two dimensions or more, at least
+    an element per token), not RoPE's (seq, d/2) tables. A compiled module should have compiled already:
+    the hooks would see the tracing too. Read by the activation inventory's checks and by
+    benchmarks/saved_tensors.py."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    tokens = x.numel() // x.shape[-1]
+    seen: dict[int, torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and t.dim() >= 2 and t.numel() >= tokens:
+            seen[ptr] = t
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return list(seen.values())
+
+
 def plain_tensors(t: torch.Tensor) -> list[torch.Tensor]:
     """The plain tensors holding `t`'s data (recursing through DTensor / float8 subclasses)."""
     if is_traceable_wrapper_subclass(t):

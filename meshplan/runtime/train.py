@@ -40,10 +40,10 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(0, 1))
 
 
-def step_loss(plan: Plan, tp: int):
+def step_loss(plan: Plan):
     """The loss the plan runs: compiled with the blocks where specs/rules.py loss_compiled says so, which
     the estimate prices (memory.loss_buffer_bytes)."""
-    return torch.compile(loss_fn) if loss_compiled(bool(plan.compile), tp) else loss_fn
+    return torch.compile(loss_fn) if loss_compiled(bool(plan.compile), plan.parallel.tp) else loss_fn
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -130,7 +130,7 @@ class Trainer:
         t = self.plan.training
         self.local_batch = t.global_batch // self.dims.dp
         self.n_micro = self.local_batch // t.micro_batch
-        self.loss_fn = step_loss(self.plan, self.dims.tp)
+        self.loss_fn = step_loss(self.plan)
         self.schedule = None
         if self.dims.pp > 1:
             self.schedule = build_schedule(self.model.parts, self.model.stage_ids, self.model.n_stages, self.mesh["pp"],

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from meshplan.cost_models.activations import activation_bytes_per_token, convention_of
+from meshplan.runtime.metrics import saved_activations
 from meshplan.runtime.model import Transformer
 from meshplan.specs.registry import resolve_model
 
@@ -24,21 +25,10 @@ def saved_bytes_per_token(dtype: torch.dtype, compiled: bool = False, float8: bo
 
         apply_float8(block, emulate=True)
     run = torch.compile(block) if compiled else block
-    params = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and t.dim() >= 2 and t.numel() >= BATCH * SEQ:  # activations, not RoPE's (seq, d/2) tables
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
     x = torch.randn(BATCH, SEQ, SPEC.dim, dtype=dtype, requires_grad=True)
     if compiled:
         run(x)  # compile outside the hooks
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        run(x)
-    return sum(seen.values()) / (BATCH * SEQ)
+    return sum(t.untyped_storage().nbytes() for t in saved_activations(run, x)) / (BATCH * SEQ)
 
 
 @pytest.mark.parametrize("dtype, norm_fp32", [(torch.float32, False), (torch.bfloat16, True)])
@@ -115,7 +105,7 @@ from meshplan.runtime.train import step_loss
 from meshplan.specs.plan import plan_from_dict
 import json
 plan = plan_from_dict(json.loads(sys.argv[1]))
-loss = step_loss(plan, plan.parallel.tp)
+loss = step_loss(plan)
 T, V = 2048, 32768
 
 def run():
