@@ -52,6 +52,9 @@ def parser() -> ArgumentParser:
     ap.add_argument("--profile-steps", type=int, default=0,
                     help="torch.profiler trace of this many steps after the timing warm-up, per rank, "
                          "in <out>/profile/ (needs --out; default 0: none)")
+    ap.add_argument("--balanced-routing", action="store_true",
+                    help="MoE test mode: each token position takes fixed experts, evenly, whatever the router "
+                         "scores (which still weigh the outputs): losses comparable across layouts exactly")
     ap.add_argument("--quiet", action="store_true", help="no per-step lines on the terminal")
     launch = ap.add_argument_group("launch (torchrun)")
     launch.add_argument("--nnodes", type=int, default=None, help="nodes taking part (default 1); one torchrun agent each")
@@ -110,8 +113,14 @@ def run_options(args, plan: Plan) -> RunOptions:
         raise InputError("--data-dtype", f"must be uint16, uint32 or auto, got {args.data_dtype!r}")
     if args.data != "synthetic":
         check_token_file(args.data, args.data_dtype, plan)
+    if args.balanced_routing and not plan.model.is_moe:
+        raise InputError("--balanced-routing", f"applies to mixture-of-experts models only; {plan.model.name} is dense")
     if args.resume and not args.out:
         raise InputError("--resume", "needs --out (the run directory holding the checkpoints)")
+    if args.resume:
+        from meshplan.runtime.checkpoint import check_resumable
+
+        check_resumable(Path(args.out), plan.model.to_dict(), plan.training.seq_len, plan.training.global_batch)
     _positive(args.profile_steps, "--profile-steps", 0)
     if args.profile_steps and not args.out:
         raise InputError("--profile-steps", "needs --out (the run directory the traces go to)")
@@ -127,7 +136,7 @@ def run_options(args, plan: Plan) -> RunOptions:
                       final_checkpoint=not args.no_final_checkpoint,
                       warmup_steps=args.warmup_steps, max_grad_norm=args.max_grad_norm,
                       timing_warmup=args.timing_warmup, track_memory=args.track_memory, quiet=args.quiet,
-                      profile_steps=args.profile_steps)
+                      profile_steps=args.profile_steps, balanced_routing=args.balanced_routing)
 
 
 def check_token_file(path: str, dtype: str, plan: Plan) -> None:

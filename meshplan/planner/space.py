@@ -29,7 +29,7 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
-from meshplan.specs.rules import (async_tp_reason, compile_reason, ep_reason, profile_backend, stack_reason,
+from meshplan.specs.rules import (async_tp_reason, compile_reason, ep_reason, moe_tp_reason, profile_backend, stack_reason,
                                   tied_embeddings_reason, uses_fully_shard)
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
@@ -157,7 +157,9 @@ class Space:
                           if spec.is_moe else [])
         fixed = self.plan.parallel.ep
         opts = searched if fixed == AUTO else [fixed] if ep_reason(spec, fixed, dp_shard, cp, tp) is None else []
-        return [e for e in opts if e not in self.excludes.get("parallel.ep", [])]
+        # What the runtime builds (rules.moe_tp_reason): with TP, EP folds it, and SP (sp_options) goes with it.
+        return [e for e in opts if e not in self.excludes.get("parallel.ep", [])
+                and moe_tp_reason(spec.is_moe, e, tp, True) is None]
 
     # -- per-mesh knob options -------------------------------------------------------------
     @memoized
@@ -166,8 +168,9 @@ class Space:
 
     @memoized
     def sp_options(self, tp: int) -> list[bool]:
-        return self._opts("parallel.sequence_parallel", self.plan.parallel.sequence_parallel,
-                          [True, False] if tp > 1 else [False])
+        # An MoE model runs TP with SP only (rules.moe_tp_reason).
+        searched = [False] if tp == 1 else [True] if self.plan.model.is_moe else [True, False]
+        return self._opts("parallel.sequence_parallel", self.plan.parallel.sequence_parallel, searched)
 
     @memoized
     def async_options(self, tp: int) -> list[bool]:
@@ -241,4 +244,5 @@ class Space:
     def runnable_compiles(self, tp: int, cp: int, ac: str) -> list[bool]:
         """compile_options() less what the runtime cannot run compiled with these degrees and AC (specs/rules.py)."""
         backend = profile_backend(self.profile.provenance)
-        return [c for c in self.compile_options() if compile_reason(c, tp, cp, ac, backend) is None]
+        moe = self.plan.model.is_moe
+        return [c for c in self.compile_options() if compile_reason(c, tp, cp, ac, backend, moe) is None]

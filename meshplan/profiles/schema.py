@@ -235,7 +235,7 @@ def profile_from_dict(data: Any, where: str = "profile") -> ClusterProfile:
         collectives=collectives,
         overheads=overheads,
         provenance=dict(require_mapping(data.get("provenance", {}) or {}, f"{where}.provenance")),
-        collective_points=list(data.get("collective_points", []) or []),
+        collective_points=_points(data.get("collective_points"), f"{where}.collective_points", ()),
         description=str(data.get("description", "")),
     )
 
@@ -257,7 +257,7 @@ def _device(raw: Any, where: str) -> Device:
     matmul = MatmulModel(
         max_fraction={k: _fraction(v, f"{where}.matmul.max_fraction.{k}") for k, v in mm_frac.items()},
         half_dim=as_float(mm.get("half_dim", 96.0), f"{where}.matmul.half_dim", 0.0),
-        points=list(mm.get("points", []) or []),
+        points=_points(mm.get("points"), f"{where}.matmul.points", ("m", "n", "k")),
     )
     at = require_mapping(raw["attention"], f"{where}.attention")
     reject_unknown(at, AttentionModel.__dataclass_fields__, f"{where}.attention")
@@ -265,7 +265,7 @@ def _device(raw: Any, where: str) -> Device:
         max_fraction=_fraction(at.get("max_fraction"), f"{where}.attention.max_fraction"),
         half_seq=as_float(at.get("half_seq", 1024.0), f"{where}.attention.half_seq", 0.0),
         backward_ratio=_fraction(at.get("backward_ratio", 0.75), f"{where}.attention.backward_ratio"),
-        points=list(at.get("points", []) or []),
+        points=_points(at.get("points"), f"{where}.attention.points", ("seq_len",)),
     )
     memory = as_float(raw["memory_gib"], f"{where}.memory_gib", 0.0, True)
     usable = as_float(raw.get("usable_memory_gib", memory), f"{where}.usable_memory_gib", 0.0, True)
@@ -310,3 +310,23 @@ def _overheads(raw: Any, where: str) -> Overheads:
         if values[key] > 1:
             raise InputError(f"{where}.{key}", f"must be a fraction in [0, 1], got {values[key]}")
     return Overheads(**values)
+
+
+def _points(value: Any, where: str, shape_keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Measured points: a list of mappings, each with its shape keys and a positive `tflops` where the
+    kind has them (matmul m, n, k; attention seq_len); absent or null means none."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InputError(where, f"must be a list of measured points, got {value!r}")
+    out = []
+    for i, item in enumerate(value):
+        item = require_mapping(item, f"{where}[{i}]")
+        for key in shape_keys:
+            if key not in item:
+                raise InputError(f"{where}[{i}].{key}", "is required")
+            as_float(item[key], f"{where}[{i}].{key}", 0.0, True)
+        if shape_keys:
+            as_float(item.get("tflops"), f"{where}[{i}].tflops", 0.0, True)
+        out.append(dict(item))
+    return out

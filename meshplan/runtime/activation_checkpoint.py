@@ -30,8 +30,8 @@ from meshplan.specs.plan import DEFAULT_SAC_OPS
 
 _aten = torch.ops.aten
 # A linear's matmul (with or without bias; float8 linears reach the policy as aten.mm on their
-# float8 tensors).
-LINEAR_OPS = {_aten.mm.default, _aten.addmm.default, _aten._scaled_mm.default}
+# float8 tensors), and the routed experts' grouped GEMMs (runtime/moe.py).
+LINEAR_OPS = {_aten.mm.default, _aten.addmm.default, _aten._scaled_mm.default, _aten._grouped_mm.default}
 # The attention kernels SDPA may dispatch to (flash/efficient/cudnn/math, CPU and CUDA), and the
 # batched matmuls of attention written out (SDPA's math path, context parallelism's gather path).
 ATTENTION_OPS = {
@@ -76,6 +76,17 @@ def sac_context_fn(kinds: tuple[str, ...], saved: frozenset[str]) -> Callable[[]
     return context_fn
 
 
+def let_sac_pass_profiler_ranges() -> None:
+    """Under expert parallelism the routed experts are an FSDP2 unit of their own inside the checkpointed
+    block; its hooks open profiler ranges (record_function ops) a different number of times in the
+    recomputation than in the forward, which selective checkpointing's op cache takes for a changed
+    region. The ranges compute nothing: they join the ops SAC passes through (as it does detach)."""
+    from torch.utils import checkpoint
+
+    checkpoint.SAC_IGNORED_OPS.update({torch.ops.profiler._record_function_enter_new.default,
+                                       torch.ops.profiler._record_function_exit._RecordFunction})
+
+
 def apply_ac(model: Transformer, mode: str, sac_ops: list[str] | None) -> None:
     """Wrap each block of `model` in place (the wrapper adds `_checkpoint_wrapped_module` to FQNs;
     initialisation.canonical_fqn and DCP's state-dict helpers strip it)."""
@@ -83,6 +94,8 @@ def apply_ac(model: Transformer, mode: str, sac_ops: list[str] | None) -> None:
         return
     if mode not in ("full", "selective"):
         raise ValueError(f"unknown activation checkpointing mode {mode!r}")
+    if mode == "selective" and any(getattr(b, "moe", None) is not None for b in model.layers.values()):
+        let_sac_pass_profiler_ranges()
     saved = frozenset(DEFAULT_SAC_OPS if sac_ops is None else sac_ops)
     for key in list(model.layers.keys()):
         block = model.layers[key]

@@ -205,10 +205,37 @@ def check_compatible(path: Path, model: dict[str, Any], seq_len: int, global_bat
     for key in ("model", "seq_len", "global_batch"):
         if written[key] != now[key]:
             field = "model" if key == "model" else f"training.{key}"
-            raise InputError(field, f"the checkpoint {path.name} was written with {key} {written[key]!r}, the plan has "
-                                    f"{now[key]!r}; a resumed run must keep the model, seq_len and global_batch "
+            was, has = (_differences(written[key], now[key]) if key == "model" else (written[key], now[key]))
+            raise InputError(field, f"the checkpoint {path.name} was written with {key} {was}, the plan has "
+                                    f"{has}; a resumed run must keep the model, seq_len and global_batch "
                                     "(the layout may change)")
     return meta
+
+
+def check_resumable(out: Path, model: dict[str, Any], seq_len: int, global_batch: int) -> None:
+    """Before launch: the newest complete checkpoint in `out`, if there is one, is of this model, seq_len and
+    global batch (check_compatible), so a mismatch is one line from `meshplan run`, not one per worker."""
+    found = latest(out)
+    if found is not None:
+        check_compatible(found, model, seq_len, global_batch)
+
+
+def _differences(was: Any, has: Any) -> tuple[str, str]:
+    """The model fields that differ, dotted (e.g. moe.experts 8 against 4), or the whole specs."""
+    if not (isinstance(was, dict) and isinstance(has, dict)):
+        return repr(was), repr(has)
+    keys = sorted(k for k in set(_flat(was)) | set(_flat(has)) if _flat(was).get(k) != _flat(has).get(k))
+    return (", ".join(f"{k} {_flat(was).get(k)!r}" for k in keys), ", ".join(f"{k} {_flat(has).get(k)!r}" for k in keys))
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _shape(model: Any) -> Any:

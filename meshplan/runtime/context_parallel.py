@@ -215,6 +215,8 @@ def apply_cp(model: Transformer, cp_mesh: DeviceMesh) -> SeqLayout:
     model.seq_layout = layout
     for block in model.layers.values():
         block.attention.seq_layout = layout
+        if block.moe is not None:  # balanced routing keys on global positions
+            block.moe.seq_layout = layout
         block.attention.cp_attention = attend
         block.attention.cp_kind = kind
     return layout

@@ -58,10 +58,30 @@ def apply_ddp(model: nn.Module, mesh: DeviceMesh, mp: MixedPrecisionPolicy) -> N
     replicate(model, mesh=mesh, mp_policy=mp)
 
 
+def apply_expert_fsdp(model: Transformer, mesh: Meshes, dims: ParallelDims, reshard_after_forward: bool,
+                      mp: MixedPrecisionPolicy) -> None:
+    """Under expert parallelism, shard each MoE layer's routed experts over the data-parallel ranks EP leaves
+    (efsdp, with dp_replicate as HSDP) before their block is sharded over all of dp_shard x cp. An expert's
+    gradient sums the tokens every EP rank sent it, so it is divided by the whole data-parallel degree, as
+    the dense weights' are, not by the efsdp ranks that reduce it (TorchTitan sets the same divide factor)."""
+    from meshplan.runtime.activation_checkpoint import block_module
+
+    experts_mesh = mesh.experts["dp_replicate", "efsdp"] if dims.dp_replicate > 1 else mesh.experts["efsdp"]
+    for block in model.layers.values():
+        moe = block_module(block).moe
+        if moe is None:
+            continue
+        fully_shard(moe.experts, mesh=experts_mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+        # FSDP2's own divide factor would take a pre-multiplied sum, which gloo lacks: scale in autograd.
+        moe.experts.grad_scale = experts_mesh.size() / (dims.dp_replicate * dims.fsdp_size)
+
+
 def apply_data_parallel(model: Transformer, mesh: Meshes, dims: ParallelDims,
                         reshard_after_forward: bool, dtype: str = "fp32") -> str:
     kind = data_parallel_kind(dims, dtype)
     mp = mixed_precision(dtype)
+    if dims.ep > 1 and kind in ("fsdp", "fsdp1", "hsdp"):
+        apply_expert_fsdp(model, mesh, dims, reshard_after_forward, mp)
     if kind in ("fsdp", "fsdp1"):
         apply_fsdp(model, mesh["dp_shard_cp"], reshard_after_forward, mp)
     elif kind == "hsdp":

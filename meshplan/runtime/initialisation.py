@@ -20,6 +20,8 @@ from torch import nn
 from meshplan.specs.model import ModelSpec
 
 INIT_STD = 0.02
+# The projections that write into the residual stream: their std is scaled by 1/sqrt(2*n_layers).
+RESIDUAL_PROJECTIONS = ("attention.wo.weight", "feed_forward.w2.weight", "moe.experts.w2", "moe.shared_experts.w2.weight")
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.", "module.")
 # Elements drawn per chunk: bounds the int64 index and float32 work tensors (~16 bytes an element).
 CHUNK = 1 << 24
@@ -75,11 +77,11 @@ def init_kind(fqn: str, spec: ModelSpec) -> tuple[str, float]:
     projections scaled by 1/sqrt(2*n_layers), as GPT-2), zero biases, unit norm weights."""
     leaf = fqn.rsplit(".", 1)[-1]
     is_norm = "norm" in fqn.rsplit(".", 2)[-2] if "." in fqn else False
-    if leaf == "bias":
+    if leaf.endswith("bias"):  # nn.Linear's bias, the routed experts' w1_bias, w2_bias, w3_bias
         return "zeros", 0.0
     if is_norm:
         return "ones", 0.0
-    if fqn.endswith("attention.wo.weight") or fqn.endswith("feed_forward.w2.weight"):
+    if fqn.endswith(RESIDUAL_PROJECTIONS):
         return "normal", INIT_STD / math.sqrt(2 * spec.n_layers)
     return "normal", INIT_STD
 
@@ -124,9 +126,12 @@ def fill_normal(local: torch.Tensor, key: int, indices: list[torch.Tensor], shap
 
 @torch.no_grad()
 def init_weights(model: nn.Module, spec: ModelSpec, seed: int) -> None:
-    """Fill every parameter (this rank's shard of it) with its layout-independent initial value."""
+    """Fill every parameter (this rank's shard of it) with its layout-independent initial value; every
+    buffer (an MoE layer's expert bias and routing counters) starts at zero."""
     from torch.distributed.tensor import DTensor
 
+    for buf in model.buffers():
+        buf.zero_()
     for name, param in model.named_parameters():
         fqn = canonical_fqn(name)
         local = param.to_local() if isinstance(param, DTensor) else param

@@ -146,13 +146,21 @@ class StepMetrics:
     peak_memory_gib: float | None  # allocated
     memory_tracked: bool
     peak_memory_reserved_gib: float | None = None  # None on CPU (see the module doc)
+    # MoE models only (runtime/moe.py RoutingStats): routed token-expert pairs per expert over the global
+    # batch (min, mean, max over layers and experts), the busiest EP rank's load over the mean rank's,
+    # and the router's aux loss (per micro-batch, summed over layers, before its coefficient).
+    tokens_per_expert: list[float] | None = None
+    moe_imbalance: float | None = None
+    aux_loss: float | None = None
 
     def line(self) -> str:
         mfu = f"{self.mfu:.1%}" if self.mfu is not None else "n/a"
         mem = f"{self.peak_memory_gib * 1024:.2f} MiB" if self.peak_memory_gib is not None else "n/a"
+        moe = (f"  experts {self.tokens_per_expert[0]:.0f}/{self.tokens_per_expert[1]:.0f}/{self.tokens_per_expert[2]:.0f} "
+               f"tok (min/mean/max)  aux {self.aux_loss:.4f}" if self.tokens_per_expert is not None else "")
         return (f"step {self.step:5d}  loss {self.loss:.5f}  grad_norm {self.grad_norm:.3f}  lr {self.lr:.2e}  "
                 f"step {self.step_time_s * 1000:.1f} ms  {self.tokens_per_s_per_gpu:,.0f} tok/s/gpu  "
-                f"mfu {mfu}  peak {mem}")
+                f"mfu {mfu}  peak {mem}{moe}")
 
 
 def step_mfu(plan: Any, tokens_per_s_per_device: float) -> float | None:
@@ -176,6 +184,7 @@ def predicted(plan: Any) -> tuple[dict | None, str | None]:
                 "peak_memory_gib": est.peak_memory_gib, "peak_memory_allocated_gib": est.allocated_peak_gib,
                 "peak_memory_reserved_gib": est.reserved_peak_gib,
                 "memory_gib": dict(getattr(est, "memory_gib", {}) or {}),
+                "moe": getattr(est, "moe", None),
                 "dtype": str(plan.training.dtype), "cluster": str(plan.cluster)}, None
     except Exception as exc:
         return None, f"{exc.__class__.__name__}: {exc}"
@@ -217,7 +226,7 @@ def measured_summary(rows: list[StepMetrics], warmup: int) -> dict[str, Any]:
     timed = rows[warmup:] or rows
     mem = [r.peak_memory_gib for r in rows if r.memory_tracked and r.peak_memory_gib is not None]
     reserved = [r.peak_memory_reserved_gib for r in rows if r.memory_tracked and r.peak_memory_reserved_gib is not None]
-    return {
+    out = {
         "step_time_s": statistics.median(r.step_time_s for r in timed),
         "tokens_per_s_per_gpu": statistics.median(r.tokens_per_s_per_gpu for r in timed),
         "peak_memory_gib": max(mem) if mem else None,
@@ -225,6 +234,13 @@ def measured_summary(rows: list[StepMetrics], warmup: int) -> dict[str, Any]:
         "steps_in_median": [r.step for r in timed],
         "final_loss": rows[-1].loss,
     }
+    if rows[-1].tokens_per_expert is not None:
+        # Over every step: the router is what it is from the first step, and an MoE run's warm-up is short.
+        out["tokens_per_expert"] = {name: statistics.mean(r.tokens_per_expert[i] for r in rows)
+                                    for i, name in enumerate(("min", "mean", "max"))}
+        out["moe_imbalance"] = statistics.mean(r.moe_imbalance for r in rows)
+        out["aux_loss"] = rows[-1].aux_loss
+    return out
 
 
 def ratios(measured: dict[str, Any], pred: dict[str, Any] | None) -> dict[str, float | None]:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshplan.errors import InputError
+from meshplan.runtime.moe import MoE
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.rules import model_runs_reason
 
@@ -119,21 +120,29 @@ def make_norm(spec: ModelSpec) -> nn.Module:
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, spec: ModelSpec):
+    """Attention, then the dense MLP (`feed_forward`) or, in a mixture-of-experts layer, the MoE MLP (`moe`)."""
+
+    def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
         self.attention_norm = make_norm(spec)
         self.attention = Attention(spec)
         self.ffn_norm = make_norm(spec)
-        self.feed_forward = FeedForward(spec)
+        moe = spec.is_moe_layer(layer)
+        self.feed_forward = None if moe else FeedForward(spec)
+        self.moe = MoE(spec) if moe else None
+
+    @property
+    def mlp(self) -> nn.Module:
+        return self.moe if self.moe is not None else self.feed_forward
 
     def matmul_kinds(self) -> tuple[str, ...]:
         """The op kind of every linear's matmul of one forward, in order: what selective AC reads to
         tell which matmul it is looking at (activation_checkpoint.py)."""
-        return self.attention.matmul_kinds() + self.feed_forward.matmul_kinds()
+        return self.attention.matmul_kinds() + self.mlp.matmul_kinds()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x))
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + self.mlp(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
@@ -144,7 +153,7 @@ class Transformer(nn.Module):
         self.spec = spec
         self.tok_embeddings = nn.Embedding(spec.vocab_size, spec.dim)
         self.pos_embeddings = nn.Embedding(spec.max_seq_len, spec.dim) if spec.arch == "gpt" else None
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec) for i in range(spec.n_layers)})
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(spec, i) for i in range(spec.n_layers)})
         self.norm = make_norm(spec)
         # Tied: the output projection reuses tok_embeddings.weight (no second parameter).
         self.output = None if spec.tied_embeddings else nn.Linear(spec.dim, spec.vocab_size, bias=False)
@@ -167,7 +176,7 @@ class Transformer(nn.Module):
 
 def build_model(spec: ModelSpec, device: str | torch.device = "meta") -> Transformer:
     """Build the whole model (on meta by default: no memory until materialised after sharding). Only
-    the dense GQA blocks this file defines: anything else is refused rather than built as something else."""
+    the blocks this file and moe.py define: anything else is refused rather than built as something else."""
     why = model_runs_reason(spec)
     if why:
         raise InputError("model", why)

@@ -29,6 +29,7 @@ class RunOptions:
     timing_warmup: int = 2           # first steps excluded from the measured medians
     track_memory: str = "warmup"     # warmup | all | off (see metrics.py)
     profile_steps: int = 0           # torch.profiler traces of this many steps after the warm-up (profiling.py)
+    balanced_routing: bool = False   # MoE test mode: experts by token position, not by the router (runtime/moe.py)
     quiet: bool = False
 
     def lr_warmup_steps(self) -> int:
@@ -52,6 +53,8 @@ class RunOptions:
             argv.append("--resume")
         if not self.final_checkpoint:
             argv.append("--no-final-checkpoint")
+        if self.balanced_routing:
+            argv.append("--balanced-routing")
         if self.quiet:
             argv.append("--quiet")
         return argv

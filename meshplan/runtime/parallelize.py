@@ -12,10 +12,12 @@ from torch import nn
 from meshplan.runtime.activation_checkpoint import apply_ac
 from meshplan.runtime.context_parallel import apply_cp
 from meshplan.runtime.data_parallel import apply_data_parallel
+from meshplan.runtime.expert_parallel import apply_ep
 from meshplan.runtime.float8 import apply_float8
 from meshplan.runtime.mesh import Meshes, ParallelDims
 from meshplan.runtime.initialisation import init_weights
 from meshplan.runtime.model import SeqLayout, Transformer, build_model, keep_stage
+from meshplan.runtime.moe import MoE
 from meshplan.runtime.pipeline import split_layers, stage_ids
 from meshplan.runtime.tensor_parallel import apply_tp, enable_async_tp
 from meshplan.specs.plan import Plan
@@ -43,7 +45,7 @@ class ModelParts:
 
 
 def parallelize_model(plan: Plan, mesh: Meshes, dims: ParallelDims, device: torch.device,
-                      seed: int, float8_emulate: bool) -> ModelParts:
+                      seed: int, float8_emulate: bool, balanced_routing: bool = False) -> ModelParts:
     p, mem = plan.parallel, plan.memory
     spec = plan.model
     n_stages = dims.pp * p.pp_virtual_stages
@@ -62,6 +64,9 @@ def parallelize_model(plan: Plan, mesh: Meshes, dims: ParallelDims, device: torc
                 enable_async_tp(mesh["tp"])
         if dims.cp > 1:
             layout = apply_cp(model, mesh["cp"])
+        if dims.ep > 1:
+            apply_ep(model, mesh.experts["ep"], dims.ep)
+        share_tokens(model, mesh, dims, balanced_routing)
         apply_ac(model, mem.activation_checkpointing, mem.sac_ops)
         if plan.compile:
             for block in model.layers.values():
@@ -72,6 +77,18 @@ def parallelize_model(plan: Plan, mesh: Meshes, dims: ParallelDims, device: torc
         parts.append(model)
     return ModelParts(parts=parts, stage_ids=ids, n_stages=n_stages, seq_layout=layout,
                       loss_parallel=loss_parallel, data_parallel=kind)
+
+
+def share_tokens(model: Transformer, mesh: Meshes, dims: ParallelDims, balanced_routing: bool) -> None:
+    """Tell each MoE layer who shares its micro-batch's tokens: the CP and (sequence-parallel) TP ranks,
+    over which its aux loss sums its statistics; data averaging over CP ranks divides its gradient by cp,
+    which the layer multiplies back."""
+    for module in model.modules():
+        if isinstance(module, MoE):
+            module.balanced_routing = balanced_routing
+            if dims.cp * dims.tp > 1:
+                module.share.group = mesh["cp_tp"].get_group()
+                module.share.grad_scale = float(dims.cp)
 
 
 def model_parameters(parts: list[nn.Module]) -> list[nn.Parameter]:

@@ -11,6 +11,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as S
 from torch import nn
 
+from meshplan.runtime.moe import routing_not_counted
 from meshplan.specs.plan import SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES
 from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES
 
@@ -46,6 +47,21 @@ def split_layers(n_layers: int, n_stages: int, pp_layers: list[int] | None) -> l
     return out
 
 
+class Stage(PipelineStage):
+    """A PipelineStage whose metadata inference (one forward PyTorch runs at the first step to learn the
+    shapes a stage sends) is not training: MoE layers do not count its routing (runtime/moe.py). The
+    private method is `_forward_metadata_inference` in torch 2.13 and `_shape_inference` before; both are
+    covered, and test_moe_layouts.py checks the first step's counts by hand."""
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        with routing_not_counted(self.submod):
+            return super()._forward_metadata_inference(*args, **kwargs)
+
+    def _shape_inference(self, *args, **kwargs):
+        with routing_not_counted(self.submod):
+            return super()._shape_inference(*args, **kwargs)
+
+
 def build_schedule(modules: list[nn.Module], ids: list[int], n_stages: int, pp_mesh: DeviceMesh,
                    device: torch.device, schedule: str, n_microbatches: int,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
@@ -54,7 +70,7 @@ def build_schedule(modules: list[nn.Module], ids: list[int], n_stages: int, pp_m
     if schedule in SPLIT_BACKWARD_SCHEDULES:
         keep_compiled_graphs()
     group = pp_mesh.get_group()
-    stages = [PipelineStage(m, stage_index=i, num_stages=n_stages, device=device, group=group)
+    stages = [Stage(m, stage_index=i, num_stages=n_stages, device=device, group=group)
               for m, i in zip(modules, ids)]
     cls = SCHEDULES[schedule]
     if schedule in SINGLE_STAGE_SCHEDULES:

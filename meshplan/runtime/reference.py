@@ -15,6 +15,7 @@ from meshplan.runtime.data import BatchSpec, make_source
 from meshplan.runtime.float8 import apply_float8
 from meshplan.runtime.initialisation import init_weights
 from meshplan.runtime.model import build_model
+from meshplan.runtime.moe import RoutingStats, finish_step, moe_layers, routing_stats
 from meshplan.runtime.options import RunOptions
 from meshplan.runtime.train import build_optimizers, loss_fn
 from meshplan.specs.plan import Plan
@@ -25,6 +26,7 @@ class ReferenceStep:
     step: int
     loss: float
     step_time_s: float
+    routing: RoutingStats | None = None
 
 
 def reference_run(plan: Plan, opts: RunOptions, float8: bool | None = None) -> list[ReferenceStep]:
@@ -41,8 +43,14 @@ def reference_run(plan: Plan, opts: RunOptions, float8: bool | None = None) -> l
     init_weights(model, spec, opts.seed)
     (opt,), (sched,) = build_optimizers([model], opts)
     compute = copy.deepcopy(model).to(torch.bfloat16) if t.dtype == "bf16" else model
-    source = make_source(opts.data, BatchSpec(t.global_batch, t.seq_len, spec.vocab_size), opts.seed, opts.data_dtype)
     n_micro = t.global_batch // t.micro_batch
+    moe = moe_layers([compute])
+    for layer in moe:
+        # The bf16 copy cast the counters and the expert bias too; FSDP2 casts parameters alone.
+        layer._buffers.update({k: b.float() for k, b in layer._buffers.items() if b is not None})
+        layer.balanced_routing = opts.balanced_routing
+        layer.aux_grad_scale = 1.0 / n_micro
+    source = make_source(opts.data, BatchSpec(t.global_batch, t.seq_len, spec.vocab_size), opts.seed, opts.data_dtype)
     out = []
     for step in range(opts.steps):
         t0 = time.perf_counter()
@@ -60,7 +68,8 @@ def reference_run(plan: Plan, opts: RunOptions, float8: bool | None = None) -> l
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
-        out.append(ReferenceStep(step + 1, total / n_micro, time.perf_counter() - t0))
+        routing = routing_stats(finish_step(moe, None, 1, 1, torch.device("cpu")).tolist(), n_micro)
+        out.append(ReferenceStep(step + 1, total / n_micro, time.perf_counter() - t0, routing))
     return out
 
 

@@ -15,6 +15,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                SequenceParallel, parallelize_module)
 
 from meshplan.runtime.model import Transformer
+from meshplan.runtime.moe import MoE
 
 
 def tp_styles(float8: bool) -> tuple[type, type, type]:
@@ -54,16 +55,34 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool, f
             "attention.wk": colwise(),
             "attention.wv": colwise(),
             "attention.wo": rowwise(output_layouts=seq),
-            "feed_forward": prepare_input(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": colwise(),
-            "feed_forward.w2": rowwise(output_layouts=seq),
         }
-        if block.feed_forward.w3 is not None:
-            plan["feed_forward.w3"] = colwise()
+        if block.moe is not None:
+            plan.update(moe_tp_plan(block.moe, tp_mesh, seq, colwise, rowwise, prepare_input))
+        else:
+            plan.update({"feed_forward": prepare_input(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+                         "feed_forward.w1": colwise(),
+                         "feed_forward.w2": rowwise(output_layouts=seq)})
+            if block.feed_forward.w3 is not None:
+                plan["feed_forward.w3"] = colwise()
         if sequence_parallel:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
         parallelize_module(block, tp_mesh, plan)
+
+
+def moe_tp_plan(moe: MoE, tp_mesh: DeviceMesh, seq, colwise, rowwise, prepare_input) -> dict[str, object]:
+    """An MoE layer under TP + SP (specs/rules.moe_tp_reason), TorchTitan's expert-TP 1: each TP rank routes
+    its own sequence chunk (the router's gate replicated, its gradient summed over TP as a norm's is) and
+    sends those tokens to their experts over EP, which folds TP; the shared experts are TP-sharded like
+    the dense MLP."""
+    moe.share.sp_rank, moe.share.sp_size = tp_mesh.get_local_rank(), tp_mesh.size()
+    plan: dict[str, object] = {"moe.router.gate": SequenceParallel(sequence_dim=1, use_local_output=True)}
+    if moe.shared_experts is not None:
+        plan.update({"moe.shared_experts": prepare_input(input_layouts=(seq,), desired_input_layouts=(Replicate(),)),
+                     "moe.shared_experts.w1": colwise(),
+                     "moe.shared_experts.w3": colwise(),
+                     "moe.shared_experts.w2": rowwise(output_layouts=seq)})
+    return plan
 
 
 def enable_async_tp(tp_mesh: DeviceMesh) -> None:

@@ -24,6 +24,7 @@ from meshplan.runtime.data import BatchSpec, local_rows, make_source
 from meshplan.runtime.faults import maybe_fail
 from meshplan.runtime.float8 import register_precompute
 from meshplan.runtime.mesh import ParallelDims, build_mesh
+from meshplan.runtime.moe import RoutingStats, combine_over_stages, finish_step, moe_layers, routing_stats
 from meshplan.cost_models.memory import GIB
 from meshplan.runtime.metrics import LiveTensorMemory, MetricsLog, StepMetrics, step_mfu
 from meshplan.runtime.options import RunOptions, check_device, check_runnable
@@ -122,15 +123,19 @@ class Trainer:
             from meshplan.errors import InputError
 
             raise InputError("gpus", f"the plan needs {self.dims.world_size} processes, this world has {dist.get_world_size()}")
-        self.mesh = build_mesh(self.dims, self.device.type)
+        self.mesh = build_mesh(self.dims, self.device.type, moe=self.plan.model.is_moe)
         self.model: ModelParts = parallelize_model(self.plan, self.mesh, self.dims, self.device, self.opts.seed,
-                                                   float8_emulate=self.device.type == "cpu")
+                                                   float8_emulate=self.device.type == "cpu",
+                                                   balanced_routing=self.opts.balanced_routing)
         self.optimizers, self.schedulers = build_optimizers(self.model.parts, self.opts)
         register_precompute(self.optimizers, self.model.parts)  # float8 FSDP all-gather scales
         t = self.plan.training
         self.local_batch = t.global_batch // self.dims.dp
         self.n_micro = self.local_batch // t.micro_batch
         self.loss_fn = step_loss(self.plan)
+        self.moe = moe_layers(self.model.parts)
+        for layer in self.moe:  # the aux loss's gradient is scaled as the training loss's is
+            layer.aux_grad_scale = 1.0 if self.dims.pp > 1 else 1.0 / self.n_micro
         self.schedule = None
         if self.dims.pp > 1:
             self.schedule = build_schedule(self.model.parts, self.model.stage_ids, self.model.n_stages, self.mesh["pp"],
@@ -172,6 +177,11 @@ class Trainer:
 
     def step(self, step: int) -> tuple[float, float]:
         """One optimizer step on global batch `step`; returns (mean loss, grad norm)."""
+        loss, norm, _ = self.step_with_routing(step)
+        return loss, norm
+
+    def step_with_routing(self, step: int) -> tuple[float, float, RoutingStats | None]:
+        """One optimizer step; (mean loss, grad norm, the MoE layers' routing over the step or None)."""
         inputs, targets = local_rows(self.source, step, self.dp_rank, self.dims.dp)
         inputs = shard_sequence(inputs, self.model.seq_layout).to(self.device)
         targets = shard_sequence(targets, self.model.seq_layout).to(self.device)
@@ -183,15 +193,29 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
         for sched in self.schedulers:
             sched.step()
+        routing = self._routing() if self.plan.model.is_moe else None
         # Mean over micro-batches and over the ranks that own a loss (last stage, tp rank 0):
         # equal token counts everywhere, so this is the mean over the global batch. The one read
-        # the host waits for in a step: the log line's loss and gradient norm, together.
+        # the host waits for in a step: the log line's loss and gradient norm, together (and the
+        # MoE layers' routing).
         owner = loss_sum is not None and self.tp_rank == 0
         loss = loss_sum.detach().to(torch.float64) if owner else torch.zeros((), dtype=torch.float64, device=self.device)
         buf = torch.stack([loss, torch.ones_like(loss) if owner else torch.zeros_like(loss)])
         dist.all_reduce(buf)
-        loss_total, owners, norm = torch.cat([buf, grad_norm.to(torch.float64).reshape(1)]).tolist()
-        return loss_total / owners / self.n_micro, norm
+        parts = [buf, grad_norm.to(torch.float64).reshape(1)] + ([routing] if routing is not None else [])
+        values = torch.cat(parts).tolist()
+        loss_total, owners, norm = values[:3]
+        stats = routing_stats(values[3:], self.dims.dp * self.n_micro) if routing is not None else None
+        return loss_total / owners / self.n_micro, norm, stats
+
+    def _routing(self) -> torch.Tensor:
+        """finish_step over this rank's MoE layers, combined over the pipeline stages (moe.routing_stats)."""
+        stage = self.mesh["stage"]
+        got = finish_step(self.moe, stage.get_group() if stage.size() > 1 else None, self.dims.ep,
+                          self.dims.cp * self.dims.tp, self.device)
+        if self.dims.pp > 1:
+            got = combine_over_stages(got, self.mesh["pp"].get_group())
+        return got
 
     def current_lr(self) -> float:
         return self.schedulers[0].get_last_lr()[0]
@@ -224,7 +248,7 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
         t0 = time.perf_counter()
         with step_profiler(device, step in profiled) as prof:
             with tracker if tracker is not None else contextlib.nullcontext():
-                loss, grad_norm = trainer.step(step)
+                loss, grad_norm, routing = trainer.step_with_routing(step)
         dt = time.perf_counter() - t0
         if prof is not None and out is not None:
             save_profile(prof, out, dist.get_rank(), step + 1, device)
@@ -236,7 +260,8 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
                           tokens_per_s_per_gpu=tps, mfu=step_mfu(plan, tps),
                           peak_memory_gib=peak if peak is not None else seen[0],
                           memory_tracked=peak is not None,
-                          peak_memory_reserved_gib=reserved if peak is not None else seen[1])
+                          peak_memory_reserved_gib=reserved if peak is not None else seen[1],
+                          **routing_fields(routing))
         if rank0:
             log.log(row)
         if out and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0 and step + 1 < opts.steps:
@@ -245,6 +270,14 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
     if out and opts.final_checkpoint and start < opts.steps:
         checkpoint.save(out, trainer.model.parts, trainer.optimizers, trainer.schedulers, opts.steps, opts.steps, meta)
     return log.rows
+
+
+def routing_fields(routing: RoutingStats | None) -> dict[str, Any]:
+    """StepMetrics' MoE fields (absent for a dense model)."""
+    if routing is None:
+        return {}
+    return {"tokens_per_expert": list(routing.tokens_per_expert), "moe_imbalance": routing.imbalance,
+            "aux_loss": routing.aux_loss}
 
 
 def resume(trainer: Trainer, out: Path) -> int:

@@ -61,6 +61,9 @@ def run_worker(plan: Plan, opts: RunOptions) -> int:
     notes = []
     if device.type == "cpu" and plan.memory.float8:
         notes.append("float8 is emulated on CPU (torchao emulate=True): float8 numerics, not float8 speed")
+    if opts.balanced_routing:
+        notes.append("balanced routing (test mode): every expert gets the same load, imbalance 1, whatever the "
+                     "estimate assumed for a trained router")
     if rank0 and not opts.quiet:
         for note in notes:
             print(f"meshplan run: {note}", flush=True)

@@ -66,11 +66,16 @@ class ModelSpec:
         return self.moe is not None
 
     @property
+    def gqa_attention(self) -> bool:
+        """GQA attention with q as wide as the hidden state, no window, biases or sinks (what the runtime builds)."""
+        return (self.mla is None and self.head_dim * self.n_heads == self.dim
+                and self.sliding_window is None and not (self.attention_bias or self.attention_sinks))
+
+    @property
     def dense_gqa(self) -> bool:
         """Dense MLP and GQA attention with q as wide as the hidden state: the shape the cost model prices."""
         # Qwen3's per-head q/k RMSNorms pass: two small norms the runtime leaves out and the model does not price.
-        return (self.moe is None and self.mla is None and self.head_dim * self.n_heads == self.dim
-                and self.sliding_window is None and not (self.attention_bias or self.attention_sinks))
+        return self.moe is None and self.gqa_attention
 
     def attention_window(self, layer: int) -> int | None:
         """The keys a query of block `layer` sees at most: a sliding window, or None for full attention."""

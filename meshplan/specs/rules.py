@@ -126,19 +126,23 @@ def unsupported_fields(plan: Plan, backend: str) -> list[tuple[str, str]]:
     why = mesh_order_reason(plan.mesh_order)
     if why:
         out.append(("mesh_order", why))
+    why = moe_tp_reason(plan.model.is_moe, int(p.ep), int(p.tp), bool(p.sequence_parallel))
+    if why:
+        out.append(("parallel.ep", why))
     why = float8_tp_reason(bool(plan.memory.float8), int(p.tp), backend)
     if why:
         out.append(("memory.float8", why))
-    why = compile_reason(bool(plan.compile), int(p.tp), int(p.cp), str(plan.memory.activation_checkpointing), backend)
+    why = compile_reason(bool(plan.compile), int(p.tp), int(p.cp), str(plan.memory.activation_checkpointing), backend,
+                         plan.model.is_moe)
     if why:
         out.append(("compile", why))
     return out
 
 
-COMPILE_UNTRACEABLE = "compiled TP or CP blocks on gloo"
+COMPILE_UNTRACEABLE = "compiled blocks that do not trace (TP or CP on gloo, MoE)"
 
 
-def compile_reason(compile_: bool, tp: int, cp: int, ac: str, backend: str) -> str | None:
+def compile_reason(compile_: bool, tp: int, cp: int, ac: str, backend: str, moe: bool = False) -> str | None:
     """Why blocks of this layout cannot run compiled, or None. A compiled block must run as its
     compiled graph or be refused: never eager while priced compiled. Measured on 2 gloo ranks
     (torch 2.13, tiny-4l, tests/runtime/test_compile.py):
@@ -149,7 +153,13 @@ def compile_reason(compile_: bool, tp: int, cp: int, ac: str, backend: str) -> s
     - CP blocks: the gather path (gloo's, rules.cp_attention_kind) loops over tiles with gloo
       collectives inside an autograd.Function, which Dynamo does not trace: the block would fall
       back to eager whole.
+    - MoE blocks (`moe`: the model has MoE layers), on every backend: the token dispatch's splits are
+      data-dependent (a host read) and the grouped GEMM's compiled form takes bf16 only, so Dynamo breaks
+      the block's graph ("Dynamic shape operator", 2 graphs and no compiled region on tiny-moe with EP 2,
+      selective AC) or fails to trace it (fp32; a DTensor expert weight).
     `ac` is kept in the signature because the failures above were each seen per AC mode."""
+    if compile_ and moe:
+        return "with mixture-of-experts layers: the runtime's token dispatch does not trace, so blocks would run eager; use compile: false"
     if not compile_ or backend != GLOO:
         return None
     if tp > 1:
@@ -162,9 +172,11 @@ def compile_reason(compile_: bool, tp: int, cp: int, ac: str, backend: str) -> s
 
 def check_backend_rules(plan: Plan, backend: str) -> None:
     """One-line error for a complete plan the planner would not emit on `backend` (a profile's):
-    compiled blocks that cannot compile there, pruned from the search under COMPILE_UNTRACEABLE."""
+    compiled blocks that cannot compile there, pruned from the search under COMPILE_UNTRACEABLE. Compiled
+    MoE blocks are meshplan's runtime's limit: a plan priced as another stack runs them keeps them."""
     p = plan.parallel
-    why = compile_reason(bool(plan.compile), int(p.tp), int(p.cp), str(plan.memory.activation_checkpointing), backend)
+    why = compile_reason(bool(plan.compile), int(p.tp), int(p.cp), str(plan.memory.activation_checkpointing), backend,
+                         plan.model.is_moe and plan.stack == MESHPLAN)
     if why:
         raise InputError("compile", f"true cannot run on {backend}: {why}")
 
@@ -190,17 +202,27 @@ def float8_device_reason(float8: bool, device_type: str, capability: tuple[int, 
 
 
 def model_runs_reason(spec: ModelSpec) -> str | None:
-    """Why the runtime cannot build this model yet, or None. It builds dense blocks with GQA attention whose
-    query is as wide as the hidden state; a mixture-of-experts MLP, MLA, another head width, sliding
-    windows, attention biases or sinks would run as something else. The cost model prices them all
-    (plan and estimate take them); `run` refuses them in one line."""
-    if spec.dense_gqa:
+    """Why the runtime cannot build this model yet, or None. It builds blocks with GQA attention whose
+    query is as wide as the hidden state, and a dense or mixture-of-experts MLP (runtime/moe.py); MLA,
+    another head width, sliding windows, attention biases or sinks would run as something else. The cost
+    model prices them all (plan and estimate take them); `run` refuses them in one line."""
+    if spec.gqa_attention:
         return None
-    if spec.is_moe:
-        return (f"{spec.name} is a mixture-of-experts model: planned and priced, but the runtime does not build "
-                "MoE layers or expert parallelism yet (issue 29)")
     return (f"{spec.name}'s attention (MLA, a head width other than dim / n_heads, sliding windows, biases or sinks) "
-            "is planned and priced but not yet built by the runtime; use a dense GQA model to run")
+            "is planned and priced but not yet built by the runtime; use a model with GQA attention to run")
+
+
+def moe_tp_reason(moe: bool, ep: int, tp: int, sp: bool) -> str | None:
+    """Why the runtime cannot run an MoE model's layers with this TP, or None. It runs TorchTitan's expert-TP
+    1 (runtime/tensor_parallel.moe_tp_plan): each TP rank routes its own sequence-parallel chunk of the
+    tokens and EP, folding TP, takes them to whole experts. Experts TP-sharded like a dense MLP (ep = 1) or
+    TP ranks routing the same tokens (no SP) are priced (cost_models/moe.py) but not built."""
+    if not moe or tp == 1:
+        return None
+    if not sp or ep == 1:
+        return (f"with tp {tp} an MoE model runs with sequence_parallel: true and expert parallelism folding tp "
+                f"(ep a multiple of {tp}), got sequence_parallel {str(sp).lower()}, ep {ep}")
+    return None
 
 
 EP_FOLDING = "expert parallelism that does not fold into dp_shard x cp x tp or divide the experts"

@@ -1,6 +1,6 @@
 """Mixture-of-experts model specs: parameter counts by hand and against the publishers' totals, the
 Hugging Face config import, and the refusals (a bad MoE field; an EP degree that cannot shard the experts;
-a run of a model the runtime does not build yet)."""
+what the runtime does not build yet)."""
 
 from __future__ import annotations
 
@@ -144,17 +144,40 @@ def test_bad_moe_fields_name_themselves(edit, field):
     assert err.value.field == field
 
 
-@pytest.mark.parametrize("name", ["tiny-moe", "deepseek-v3", "gpt-oss-120b"])
-def test_a_moe_plan_loads_and_run_refuses_it_in_one_line(name):
+@pytest.mark.parametrize("name", ["deepseek-v3", "gpt-oss-120b"])
+def test_a_moe_plan_loads_and_run_refuses_its_attention_in_one_line(name):
+    """The runtime builds MoE layers (runtime/moe.py) but not MLA or GPT-OSS's windowed attention with sinks."""
     partial = plan_from_dict({"model": name, "cluster": "h100-80g-dgx", "gpus": 8})
     assert partial.parallel.ep == 1  # a plan file that omits ep means 1
-    plan = plan_from_dict({**_mesh(1, model=name), "compile": True,
+    plan = plan_from_dict({**_mesh(1, model=name), "compile": False,
                            "training": {"seq_len": 4096, "global_batch": 8, "micro_batch": 1},
                            "memory": {"activation_checkpointing": "none", "float8": False, "reshard_after_forward": True},
                            "parallel": {**_mesh(1)["parallel"], "sequence_parallel": False, "async_tp": False,
                                         "pp_schedule": "1F1B", "pp_virtual_stages": 1}})
     (field, why), *_ = unsupported_fields(plan, "nccl")
     assert field == "model" and name in why and "\n" not in why
+
+
+@pytest.mark.parametrize("edits, field, words", [
+    ({"compile": True}, "compile", "mixture-of-experts"),
+    ({"tp": 2, "dp_shard": 4, "sequence_parallel": True}, "parallel.ep", "expert parallelism folding tp"),  # ep 1
+    ({"tp": 2, "dp_shard": 4, "ep": 2}, "parallel.ep", "sequence_parallel: true"),
+])
+def test_what_the_moe_runtime_does_not_build_is_refused_in_one_line(edits, field, words):
+    """tiny-moe runs (tests/runtime/test_moe_layouts.py), except compiled (the dispatch does not trace) and
+    TP other than TorchTitan's expert-TP 1 with SP (specs/rules.moe_tp_reason)."""
+    parallel = {**_mesh(1)["parallel"], "sequence_parallel": False, "async_tp": False, "pp_schedule": "1F1B",
+                "pp_virtual_stages": 1}
+    parallel.update({k: v for k, v in edits.items() if k != "compile"})
+    plan = plan_from_dict({**_mesh(1), "compile": edits.get("compile", False), "parallel": parallel,
+                           "training": {"seq_len": 64, "global_batch": 8, "micro_batch": 1},
+                           "memory": {"activation_checkpointing": "none", "float8": False, "reshard_after_forward": True}})
+    found = dict(unsupported_fields(plan, "nccl"))
+    assert words in found[field] and "\n" not in found[field]
+    good = plan_from_dict({**_mesh(1), "compile": False, "parallel": {**parallel, "tp": 1, "dp_shard": 8, "ep": 2, "sequence_parallel": False},
+                           "training": {"seq_len": 64, "global_batch": 8, "micro_batch": 1},
+                           "memory": {"activation_checkpointing": "none", "float8": False, "reshard_after_forward": True}})
+    assert unsupported_fields(good, "nccl") == []
 
 
 def _mesh(ep, dp_shard=8, cp=1, tp=1, model="tiny-moe", gpus=8):

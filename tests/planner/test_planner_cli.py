@@ -153,21 +153,24 @@ def test_impossible_pipeline_is_not_reported_as_memory(tmp_path, capsys):
     assert written(tmp_path) == []
 
 
-def test_a_moe_model_is_planned_with_ep_searched_and_said_not_to_run(tmp_path, capsys):
+def test_a_moe_model_is_planned_with_ep_searched_and_only_what_runs(tmp_path, capsys):
     """tiny-moe (8 experts) on 4 CPU ranks: every scored candidate's EP folds into dp_shard x cp x tp and
-    divides the experts, EP is searched (more than one degree scored), and the plan says `run` refuses it."""
+    divides the experts, EP is searched (more than one degree scored), and every candidate is one the
+    runtime builds (eager; with TP, SP and EP folding TP: specs/rules.moe_tp_reason)."""
     from meshplan.specs.registry import BUILTIN_MODELS
-    from meshplan.specs.rules import ep_reason
+    from meshplan.specs.rules import ep_reason, moe_tp_reason
 
     out = tmp_path / "best.yaml"
     argv = ["plan", "--model", "tiny-moe", "--gpus", "4", "--cluster", "cpu-gloo", "--seq-len", "128",
             "--global-batch", "8", "--out", str(out)]
     assert cli.main(argv) == 0
-    assert "`meshplan run` refuses it" in capsys.readouterr().out
+    assert "refuses it" not in capsys.readouterr().out
     assert "ep" in yaml.safe_load(out.read_text())["parallel"]
     rows = list(csv.DictReader((tmp_path / "best.candidates.csv").open()))
     spec = BUILTIN_MODELS["tiny-moe"]
     for r in rows:
         ep, dp_shard, cp, tp = (int(r[f"parallel.{k}"]) for k in ("ep", "dp_shard", "cp", "tp"))
         assert ep_reason(spec, ep, dp_shard, cp, tp) is None
+        assert moe_tp_reason(True, ep, tp, r["parallel.sequence_parallel"] == "True") is None
+        assert r["compile"] == "False"
     assert len({r["parallel.ep"] for r in rows}) > 1

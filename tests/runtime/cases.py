@@ -82,3 +82,27 @@ def in_bf16(case: dict[str, Any]) -> dict[str, Any]:
 # Every fp32 layout again in bf16 (FSDP2 mixed precision everywhere; float8 has its own test).
 BF16: dict[str, dict[str, Any]] = {f"bf16_{k}": in_bf16(v) for k, v in TWO_RANK.items()}
 BF16_FOUR_RANK: dict[str, dict[str, Any]] = {f"bf16_{k}": in_bf16(v) for k, v in FOUR_RANK.items()}
+
+
+# Mixture-of-experts layouts (tiny-moe: 8 experts, top-2, a shared expert, one dense first layer), run with
+# balanced routing (runtime/moe.py) so that every layout routes each token alike; test_moe_layouts.py.
+def moe(**parallel: Any) -> dict[str, Any]:
+    memory = parallel.pop("memory", None)
+    return plan("tiny-moe", memory=memory, **parallel)
+
+
+MOE_TWO_RANK: dict[str, dict[str, Any]] = {
+    "moe_ep2_fsdp2": moe(dp_shard=2, ep=2),
+    "moe_ep2_sac": moe(dp_shard=2, ep=2, memory={"activation_checkpointing": "selective"}),
+    "moe_ep2_full_ac": moe(dp_shard=2, ep=2, memory={"activation_checkpointing": "full"}),
+    "moe_ep2_cp2": moe(cp=2, ep=2),
+    "moe_fsdp2_ep1": moe(dp_shard=2),
+}
+MOE_FOUR_RANK: dict[str, dict[str, Any]] = {
+    "moe_ep4": moe(dp_shard=4, ep=4),
+    "moe_ep2_fsdp4": moe(dp_shard=4, ep=2),
+    "moe_ep2_tp2": moe(dp_shard=2, tp=2, sequence_parallel=True, ep=2),
+    "moe_ep2_pp2_1F1B": moe(dp_shard=2, ep=2, pp=2, pp_schedule="1F1B"),
+    "moe_ep2_pp2_Interleaved1F1B": moe(dp_shard=2, ep=2, pp=2, pp_schedule="Interleaved1F1B", pp_virtual_stages=2),
+    "moe_ep2_hsdp": moe(dp_replicate=2, dp_shard=2, ep=2),
+}

@@ -103,7 +103,8 @@ def main() -> None:
             plan = plan_from_dict(case["plan"])
             opts = RunOptions(steps=case.get("steps", 5), seed=case.get("seed", 0), quiet=True,
                               data=case.get("data", "synthetic"),
-                              track_memory=case.get("track_memory", "off"), timing_warmup=2)
+                              track_memory=case.get("track_memory", "off"), timing_warmup=2,
+                              balanced_routing=case.get("balanced_routing", False))
             seen: dict[str, set] = {"device_violations": set(), "compute_dtypes": set(), "master_dtypes": set()}
             compiled: dict = {}
             with contextlib.ExitStack() as stack:
@@ -113,6 +114,7 @@ def main() -> None:
                     stack.enter_context(compile_counted(compiled, opts.steps))
                 rows = run_training(plan, opts, torch.device("cpu"))
             results[case["name"]] = {"losses": [r.loss for r in rows], **compiled,
+                                     "routing": [[r.tokens_per_expert, r.moe_imbalance, r.aux_loss] for r in rows],
                                      "peak_memory_gib": [r.peak_memory_gib for r in rows],
                                      **{k: sorted(v) for k, v in seen.items()},
                                      "seconds": time.perf_counter() - t0}

@@ -159,12 +159,20 @@ def refused_async_tp():
     refused_on_load(raw(parallel__async_tp=True, compile=True), "parallel.async_tp")  # tp 1
 
 
-def refused_ep():
-    """Expert parallelism is priced but not run yet (issue 29): a dense model refuses ep > 1 on load, and
-    `run` refuses an MoE plan (whatever its ep) before launch, naming the model."""
+def effect_ep():
+    """Expert parallelism: each MoE layer's routed experts are Shard(0) DTensors over an ep mesh dimension of
+    2 ranks (4 of the 8 experts here) and tokens reach them through the all-to-all dispatcher; a dense model
+    refuses ep > 1 on load, and a fold the runtime does not build (TP without EP) is refused before launch."""
+    from meshplan.runtime.expert_parallel import AllToAllDispatch
+
+    t = build(model="tiny-moe", parallel__dp_shard=2, parallel__ep=2)
+    layers = [b.moe for b in blocks(t) if b.moe is not None]
+    assert len(layers) == 3 and all(isinstance(m.dispatch, AllToAllDispatch) for m in layers)
+    w1 = layers[0].experts.w1
+    assert isinstance(w1, DTensor) and tuple(w1.shape) == (8, 32, 64) and "ep" in w1.device_mesh.mesh_dim_names
+    assert w1.device_mesh["ep"].size() == 2
     refused_on_load(raw(parallel__dp_shard=2, parallel__ep=2), "parallel.ep")
-    moe = raw(model="tiny-moe", parallel__dp_shard=2, parallel__ep=2)
-    refused(plan_from_dict(moe), "model")
+    refused(plan_from_dict(raw(model="tiny-moe", parallel__tp=2, parallel__sequence_parallel=True)), "parallel.ep")
 
 
 def refused_stack():
@@ -329,7 +337,7 @@ DECISIONS = {
     "parallel.sequence_parallel": effect_sequence_parallel, "parallel.async_tp": refused_async_tp,
     "parallel.pp": effect_pp, "parallel.pp_schedule": effect_pp_schedule,
     "parallel.pp_virtual_stages": effect_pp_virtual_stages, "parallel.pp_layers": effect_pp_layers,
-    "parallel.cp": effect_cp, "parallel.ep": refused_ep,
+    "parallel.cp": effect_cp, "parallel.ep": effect_ep,
     "memory.activation_checkpointing": effect_activation_checkpointing, "memory.sac_ops": effect_sac_ops,
     "memory.float8": effect_float8, "memory.reshard_after_forward": effect_reshard_after_forward,
 }
