@@ -2,7 +2,8 @@
 before and after `meshplan calibrate`?
 
 Runs >= 12 distinct plans of a tiny model on 4 CPU processes (cluster cpu-gloo) covering DP, FSDP,
-HSDP, TP(+SP), PP, CP and the AC modes, plus the planner's own top choice, then prints:
+HSDP, TP(+SP), PP, CP and the AC modes, plus the planner's own top choice, and two expert-parallel
+layouts of tiny-moe (scored apart, not fitted: how the MoE terms carry over), then prints:
   - Spearman rank correlation of predicted vs measured throughput,
   - the planner's top choice's measured throughput relative to the best measured plan,
   - mean absolute relative error of predicted step time and peak memory,
@@ -72,13 +73,22 @@ PLANS_2 = [
 ]
 
 
-def plan_of(spec: tuple, cluster: str = CLUSTER, gpus: int = GPUS) -> Plan:
+# Expert-parallel layouts of tiny-moe (8 experts, top-2): (layout as above, ep). They are scored apart from
+# the dense runs and left out of the calibration fit, so their errors say how the MoE terms carry over.
+MOE_MODEL = "tiny-moe"
+MOE_PLANS = {
+    4: [((1, 4, 1, 1, 1, 1, "none", "1F1B", 1), 4), ((1, 2, 1, 2, 1, 1, "none", "1F1B", 1), 2)],  # EP4; EP2 x TP2
+    2: [((1, 2, 1, 1, 1, 1, "none", "1F1B", 1), 2), ((1, 2, 1, 1, 1, 1, "selective", "1F1B", 1), 2)],  # EP2; + SAC
+}
+
+
+def plan_of(spec: tuple, cluster: str = CLUSTER, gpus: int = GPUS, model: str = MODEL, ep: int = 1) -> Plan:
     r, s, c, t, p, mb, ac, sched, v = spec
     return plan_from_dict({
-        "version": 1, "model": MODEL, "cluster": cluster, "gpus": gpus,
+        "version": 1, "model": model, "cluster": cluster, "gpus": gpus,
         "training": {"seq_len": SEQ, "global_batch": BATCH, "micro_batch": mb, "dtype": "fp32"},
         "parallel": {"dp_replicate": r, "dp_shard": s, "cp": c, "tp": t, "pp": p, "sequence_parallel": t > 1,
-                     "async_tp": False, "pp_schedule": sched, "pp_virtual_stages": v, "pp_layers": None},
+                     "async_tp": False, "pp_schedule": sched, "pp_virtual_stages": v, "pp_layers": None, "ep": ep},
         "memory": {"activation_checkpointing": ac, "sac_ops": None, "float8": False, "reshard_after_forward": True},
         "compile": False})
 
@@ -180,6 +190,9 @@ def main() -> int:
     tries = [[measured(plan_of(spec, cluster, gpus), pass_dir(out, f"plan{i:02d}", k), args.steps)
               for i, spec in enumerate(layouts)] for k in range(args.passes)]
     runs = [r for per_plan in zip(*tries) if (r := fastest(list(per_plan)))]
+    moe_tries = [[measured(plan_of(spec, cluster, gpus, MOE_MODEL, ep), pass_dir(out, f"moe{i:02d}", k), args.steps)
+                  for i, (spec, ep) in enumerate(MOE_PLANS[gpus])] for k in range(args.passes)]
+    moe_runs = [r for per_plan in zip(*moe_tries) if (r := fastest(list(per_plan)))]
     choice_before = find_or_run(planner_choice(base, cluster, gpus), runs, out, "planner-before", args.steps,
                                 args.passes)
     fit = calibrate(runs, base)
@@ -202,8 +215,21 @@ def main() -> int:
     print()
     scores("before calibration", runs, base, choice_before)
     scores("after calibration (in-sample)", runs, calibrated, choice_after)
+    moe_scores(moe_runs, base, calibrated)
     print(load_line("after"))
     return 0
+
+
+def moe_scores(runs: list[Run], base: ClusterProfile, calibrated: ClusterProfile) -> None:
+    """Each expert-parallel run's step-time error (predicted / measured - 1), before and after the dense fit,
+    beside the measured routing: these runs took no part in the fit."""
+    print(f"\n{MOE_MODEL} expert-parallel layouts (not in the fit): predicted / measured step time - 1")
+    for r in runs:
+        b, a = predict([r], base)[0], predict([r], calibrated)[0]
+        p = r.plan.parallel
+        print(f"  {Path(r.path).name:<10} ep{p.ep} s{p.dp_shard} t{p.tp} ac={r.plan.memory.activation_checkpointing:<9} "
+              f"measured {r.step_time_s:.4f} s: before {b.step_time_s / r.step_time_s - 1:+.1%}, "
+              f"after {a.step_time_s / r.step_time_s - 1:+.1%}")
 
 
 def fresh_profile(out: Path, gpus: int) -> str:

@@ -109,6 +109,13 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: dist.P
 
 
 @dataclass
+class StepResult:
+    loss: float  # mean over the global batch
+    grad_norm: float  # before clipping
+    routing: RoutingStats | None  # the MoE layers' routing over the step (None for a dense model)
+
+
+@dataclass
 class Trainer:
     plan: Plan
     opts: RunOptions
@@ -175,13 +182,8 @@ class Trainer:
             total += _local(loss.detach())
         return total
 
-    def step(self, step: int) -> tuple[float, float]:
-        """One optimizer step on global batch `step`; returns (mean loss, grad norm)."""
-        loss, norm, _ = self.step_with_routing(step)
-        return loss, norm
-
-    def step_with_routing(self, step: int) -> tuple[float, float, RoutingStats | None]:
-        """One optimizer step; (mean loss, grad norm, the MoE layers' routing over the step or None)."""
+    def step(self, step: int) -> StepResult:
+        """One optimizer step on global batch `step`: its mean loss, gradient norm and MoE routing."""
         inputs, targets = local_rows(self.source, step, self.dp_rank, self.dims.dp)
         inputs = shard_sequence(inputs, self.model.seq_layout).to(self.device)
         targets = shard_sequence(targets, self.model.seq_layout).to(self.device)
@@ -206,7 +208,7 @@ class Trainer:
         values = torch.cat(parts).tolist()
         loss_total, owners, norm = values[:3]
         stats = routing_stats(values[3:], self.dims.dp * self.n_micro) if routing is not None else None
-        return loss_total / owners / self.n_micro, norm, stats
+        return StepResult(loss_total / owners / self.n_micro, norm, stats)
 
     def _routing(self) -> torch.Tensor:
         """finish_step over this rank's MoE layers, combined over the pipeline stages (moe.routing_stats)."""
@@ -248,7 +250,7 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
         t0 = time.perf_counter()
         with step_profiler(device, step in profiled) as prof:
             with tracker if tracker is not None else contextlib.nullcontext():
-                loss, grad_norm, routing = trainer.step_with_routing(step)
+                result = trainer.step(step)
         dt = time.perf_counter() - t0
         if prof is not None and out is not None:
             save_profile(prof, out, dist.get_rank(), step + 1, device)
@@ -256,12 +258,12 @@ def run_training(plan: Plan, opts: RunOptions, device: torch.device) -> list[Ste
         if peak is not None:
             seen = (max(seen[0] or 0.0, peak), None if reserved is None else max(seen[1] or 0.0, reserved))
         tps = tokens / dt / dist.get_world_size()
-        row = StepMetrics(step=step + 1, loss=loss, grad_norm=grad_norm, lr=trainer.current_lr(), step_time_s=dt,
-                          tokens_per_s_per_gpu=tps, mfu=step_mfu(plan, tps),
+        row = StepMetrics(step=step + 1, loss=result.loss, grad_norm=result.grad_norm, lr=trainer.current_lr(),
+                          step_time_s=dt, tokens_per_s_per_gpu=tps, mfu=step_mfu(plan, tps),
                           peak_memory_gib=peak if peak is not None else seen[0],
                           memory_tracked=peak is not None,
                           peak_memory_reserved_gib=reserved if peak is not None else seen[1],
-                          **routing_fields(routing))
+                          **routing_fields(result.routing))
         if rank0:
             log.log(row)
         if out and opts.checkpoint_every and (step + 1) % opts.checkpoint_every == 0 and step + 1 < opts.steps:

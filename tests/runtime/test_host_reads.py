@@ -51,7 +51,8 @@ def test_a_step_reads_the_device_once(degrees):
         steps = {id(st["step"]) for opt in trainer.optimizers for st in opt.state.values()}
         assert steps and all(st["step"].device.type == "cpu" for opt in trainer.optimizers for st in opt.state.values())
         with HostReads(steps) as mode:
-            loss, norm = trainer.step(1)
+            result = trainer.step(1)
+            loss, norm = result.loss, result.grad_norm
     finally:
         dist.destroy_process_group()
     assert mode.calls == ["tolist"], mode.calls
