@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost_models.activations import recomputed_kinds
-from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.layout import Layout, stage_block_kinds
+from meshplan.cost_models.moe import moe_host_ops, routed_tensors
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import ClusterProfile, Overheads
 from meshplan.specs.model import ModelSpec
@@ -119,10 +120,12 @@ def sac_op_s(o: Overheads) -> float:
     llama = BLOCK_OPS["llama"]
     return o.python_dispatch_s * (llama.forward + llama.recompute) / llama.forward
 
-def block_tensors(spec: ModelSpec) -> int:
-    """Parameter tensors of one block: two norms and the linears (GPT: with biases, LayerNorm with bias)."""
+def block_tensors(spec: ModelSpec, layer: int | None = None) -> int:
+    """Parameter tensors of one block (of block `layer`, an MoE one where the model says): two norms and the
+    linears (GPT: with biases, LayerNorm with bias)."""
     linears = 4 + spec.ffn_matrices
-    return 2 + linears if spec.arch == "llama" else 2 * 2 + 2 * linears
+    dense = 2 + linears if spec.arch == "llama" else 2 * 2 + 2 * linears
+    return dense + (routed_tensors(spec) if layer is not None and spec.is_moe_layer(layer) else 0)
 
 
 def root_tensors(spec: ModelSpec, first: bool, last: bool) -> int:
@@ -132,12 +135,17 @@ def root_tensors(spec: ModelSpec, first: bool, last: bool) -> int:
     return emb + head
 
 
-def block_host(lay: Layout) -> tuple[HostOps, HostOps, HostOps]:
-    """(forward, backward, recompute) host work of one block for one micro-batch."""
+def block_host(lay: Layout, layer: int | None = None) -> tuple[HostOps, HostOps, HostOps]:
+    """(forward, backward, recompute) host work of one block (block `layer`: an MoE layer adds its own,
+    cost_models/moe.py) for one micro-batch."""
     arch = lay.spec.arch
     ops = BLOCK_OPS[arch]
     replay = 1.0 if recomputed_kinds(lay.ac, lay.sac_ops, arch, lay.attention_kernel) else 0.0
     f, b, r = HostOps(ops.forward), HostOps(ops.backward), HostOps()
+    if layer is not None and lay.spec.is_moe_layer(layer):
+        (mf, mb), (cf, cb) = moe_host_ops(lay.spec, lay.ep)
+        f, b = f + HostOps(mf, calls=cf), b + HostOps(mb, calls=cb)
+        r += HostOps(calls=cf) * replay
     if lay.tp > 1:
         dt, calls = TP_DTENSOR_OPS[(arch, lay.sp)], TP_CALLS[lay.sp]
         f += HostOps(python=dt.forward, calls=calls.forward)
@@ -187,23 +195,31 @@ def step_host(lay: Layout, rank: int) -> HostOps:
     """Host work of pipeline rank `rank` outside the blocks' passes: data-parallel hooks and their
     collective calls over the step's micro-batches, the optimizer, and the step's own all-reduces."""
     stages = [s for s in range(lay.n_stages) if stage_rank(s, lay.pp, lay.schedule) == rank]
-    blocks = sum(lay.stage_layers[s] for s in stages)
+    kinds = stage_block_kinds(lay.spec, lay.stage_layers)
+    held = [(layer, n) for s in stages for layer, n in kinds[s]]  # (representative layer, blocks of its kind)
+    blocks = sum(n for _, n in held)
     first, last = 0 in stages, lay.n_stages - 1 in stages
-    tensors = blocks * block_tensors(lay.spec) + root_tensors(lay.spec, first, last)
+    tensors = sum(n * block_tensors(lay.spec, layer) for layer, n in held) + root_tensors(lay.spec, first, last)
     dtensor_params = lay.dp > 1 or lay.fsdp_shard > 1 or lay.tp > 1
     host = HostOps(OPTIMIZER_OPS_PER_TENSOR * tensors,
                    python=OPTIMIZER_DTENSOR_OPS_PER_TENSOR * tensors if dtensor_params else 0.0)
-    host += _data_parallel_host(lay, blocks + (1 if first or last else 0), len(stages), tensors)
+    # Under EP each MoE layer's routed experts are an FSDP2 unit of their own (runtime/data_parallel.py): its
+    # hooks run, and it communicates where EP leaves more than one rank to shard over (rules.ep_fsdp).
+    expert_units = sum(n for layer, n in held if lay.spec.is_moe_layer(layer)) if lay.ep > 1 else 0
+    units = blocks + (1 if first or last else 0)
+    host += _data_parallel_host(lay, units + expert_units, len(stages), tensors,
+                                silent_units=expert_units if lay.routed_fsdp_shard == 1 else 0)
     # The loss all-reduce; with PP also the gradient-norm all-reduce across stages.
     return host + HostOps(calls=1 + (lay.pp > 1))
 
 
-def _data_parallel_host(lay: Layout, fsdp_units: int, parts: int, tensors: int) -> HostOps:
-    """FSDP2 / HSDP / replicate hooks and calls; gradients are reduced lay.grad_reductions times a step."""
+def _data_parallel_host(lay: Layout, fsdp_units: int, parts: int, tensors: int, silent_units: int = 0) -> HostOps:
+    """FSDP2 / HSDP / replicate hooks and calls; gradients are reduced lay.grad_reductions times a step.
+    `silent_units` of the units run their hooks over a group of one rank: no collective."""
     m = lay.n_micro
     if lay.fsdp_shard > 1:
-        units = fsdp_units
-        ops = m * (units * UNIT_OPS + tensors * UNIT_OPS_PER_TENSOR)
+        ops = m * (fsdp_units * UNIT_OPS + tensors * UNIT_OPS_PER_TENSOR)
+        units = fsdp_units - silent_units
         reduce_calls = lay.grad_reductions * units * (1 + (lay.dp_replicate > 1))  # reduce-scatter, HSDP's all-reduce
         if lay.pp > 1:
             return HostOps(ops, calls=m * units + reduce_calls)

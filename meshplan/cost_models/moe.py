@@ -129,3 +129,42 @@ def moe_elementwise_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int) -
     dispatched tokens into expert order and back (gather and scatter, each read and written)."""
     share = 1.0 / tp if ep > 1 else 1.0
     return (3 * spec.moe.experts + 4 * pairs_per_token(spec, ep, imbalance) * spec.dim) * share
+
+
+# Host work of an MoE layer on meshplan's runtime (runtime/moe.py, torch 2.13, eager), per micro-batch, as
+# (forward, backward) ops beyond the dense SwiGLU MLP it replaces. Counted on tiny-moe with a
+# TorchDispatchMode, one block as the difference of 5- and 3-layer models, with and without shared experts
+# and aux loss (tests/calibrate/test_host_costs.py counts them again): the router, top-k, sort, the grouped
+# GEMMs and the weighted combine; the shared experts (one SwiGLU); the Switch aux loss (its statistics and
+# the gradient hook). Full AC's replay of an MoE block is 1.53x its forward ops, as a dense block's (1.52x),
+# so checkpoint_op_s per forward op prices it.
+MOE_ROUTED_OPS = (25.0, 30.0)
+MOE_SHARED_OPS = (15.0, 32.0)
+MOE_AUX_OPS = (18.0, 16.0)
+# Under EP, per MoE layer and micro-batch: the dispatcher's ops beyond the local one's (the counts exchange,
+# the splits, the regrouping of what arrives: 67 more ops a step at one micro-batch than without EP, less
+# the 50 of the experts' own FSDP2 unit, which host._data_parallel_host prices as any unit; put in forward),
+# and its collective calls: the counts' all-to-all and the dispatch and combine in forward, their two
+# gradients in backward.
+EP_DISPATCH_OPS = 17.0
+EP_CALLS = (3.0, 2.0)
+
+
+def moe_host_ops(spec: ModelSpec, ep: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((forward, backward) ops, (forward, backward) collective calls) an MoE layer adds to a dense block on
+    one rank for one micro-batch."""
+    moe = spec.moe
+    parts = [MOE_ROUTED_OPS] + ([MOE_SHARED_OPS] if moe.shared_experts else []) + (
+        [MOE_AUX_OPS] if moe.load_balance == "aux_loss" else [])
+    fwd, bwd = sum(p[0] for p in parts), sum(p[1] for p in parts)
+    if ep == 1:
+        return (fwd, bwd), (0.0, 0.0)
+    return (fwd + EP_DISPATCH_OPS, bwd), EP_CALLS
+
+
+def routed_tensors(spec: ModelSpec) -> int:
+    """Parameter tensors an MoE layer holds beyond the dense MLP's: the router's gate, the routed experts'
+    three and the shared experts' three (each with its bias where the model has them), less the MLP's."""
+    moe = spec.moe
+    per_swiglu = 3 * (2 if moe.bias else 1)
+    return (2 if moe.bias else 1) + per_swiglu + (per_swiglu if moe.shared_experts else 0) - spec.ffn_matrices

@@ -93,7 +93,7 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
         r = _routing(lay)
         ep_fwd = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, ep_span(spans, lay.ep, lay.cp, lay.tp))
         bt.ep_comm = bt.ep_comm_issued = ep_fwd * (bt.forward_passes + 1)
-    _add_host(bt, lay, prof)
+    _add_host(bt, lay, prof, layer)
     return bt
 
 
@@ -146,9 +146,9 @@ def block_compute(lay: Layout, prof: ClusterProfile, layer: int | None = None) -
     return BlockCompute(fwd_by_kind, att_fwd, att_bwd, elem_fwd, elem_bwd, cast)
 
 
-def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile) -> None:
+def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile, layer: int) -> None:
     """Host dispatch and collective-call time, in line with the passes it belongs to (host.py)."""
-    f, b, r = block_host(lay)
+    f, b, r = block_host(lay, layer)
     o = prof.overheads
     bt.forward += f.seconds(o)
     bt.backward_input += b.seconds(o)

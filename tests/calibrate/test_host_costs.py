@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from synthetic import MESHES, write_runs  # noqa: E402
 
 from meshplan.cost_models.calibrate import calibrate, load_run, with_overhead  # noqa: E402
-from meshplan.cost_models.host import (BLOCK_OPS, OPTIMIZER_OPS_PER_TENSOR, block_host, block_tensors,  # noqa: E402
-                                       embedding_host, head_host, priced, root_tensors, step_host)
+from meshplan.cost_models.host import (BLOCK_OPS, OPTIMIZER_OPS_PER_TENSOR, HostOps, block_host,  # noqa: E402
+                                       block_tensors, embedding_host, head_host, priced, root_tensors, step_host)
 from meshplan.cost_models.layout import layout_of  # noqa: E402
 from meshplan.profiles import load_profile  # noqa: E402
 from meshplan.profiles.registry import builtin_names  # noqa: E402
@@ -60,16 +60,19 @@ class _OpCounter:
         self.mode.__exit__(*exc)
 
 
-def _runtime_counts(model: str, layers: int, ac: str) -> tuple[int, int, int]:
-    """(forward, backward, optimizer) ops of the runtime's model with `layers` blocks, one micro-batch."""
+def _runtime_counts(model, layers: int, ac: str) -> tuple[int, int, int]:
+    """(forward, backward, optimizer) ops of the runtime's model (a name or a spec) with `layers` blocks, one
+    micro-batch."""
     import torch
 
     from meshplan.runtime.activation_checkpoint import apply_ac
+    from meshplan.runtime.initialisation import init_weights
     from meshplan.runtime.model import build_model
     from meshplan.runtime.train import loss_fn
 
     torch.manual_seed(0)
     m = build_model(replace(resolve_model(model), n_layers=layers), "cpu")
+    init_weights(m, m.spec, 0)  # an MoE layer's counters are buffers: zeros, not the CPU allocator's leftovers
     apply_ac(m, ac, None)
     opt = torch.optim.AdamW(m.parameters())
     x = torch.randint(0, m.spec.vocab_size, (1, 64))
@@ -99,6 +102,32 @@ def test_block_op_counts_match_the_runtime(model):
     # Under full AC the backward also replays the forward: the difference is the recompute count.
     assert per["full"][1] - per["none"][1] == pytest.approx(counted.recompute, rel=0.1)
     assert per["none"][2] == pytest.approx(OPTIMIZER_OPS_PER_TENSOR * block_tensors(resolve_model(model)), rel=0.1)
+
+
+MOE_VARIANTS = {"softmax_aux_shared": {}, "no_shared": {"shared_experts": 0},
+                "sigmoid_bias": {"router": "sigmoid", "load_balance": "bias"}}
+
+
+@pytest.mark.parametrize("variant", sorted(MOE_VARIANTS))
+def test_moe_block_op_counts_match_the_runtime(variant):
+    """One MoE block's ops (5 against 3 layers of tiny-moe, whose first layer is dense) against block_host of an
+    MoE layer, forward, backward and full AC's replay, and its parameter tensors through the optimizer."""
+    base = resolve_model("tiny-moe")
+    spec = replace(base, moe=replace(base.moe, **MOE_VARIANTS[variant]))
+    per = {}
+    for ac in ("none", "full"):
+        three, five = _runtime_counts(spec, 3, ac), _runtime_counts(spec, 5, ac)
+        per[ac] = [(b - a) / 2 for a, b in zip(three, five)]
+    plan = tiny_plan(1, ac="full")
+    lay = layout_of(plan).with_(spec=spec)
+    f, b, r = block_host(lay, layer=1)
+    assert per["none"][0] == pytest.approx(f.ops, rel=0.1)
+    assert per["none"][1] == pytest.approx(b.ops, rel=0.1)
+    # Full AC's replay: priced per forward op (checkpoint_op_s), as a dense block's, so the ratio must hold.
+    dense = BLOCK_OPS["llama"]
+    assert (per["full"][1] - per["none"][1]) / per["none"][0] == pytest.approx(dense.recompute / dense.forward, rel=0.1)
+    assert r.checkpointed == f.ops
+    assert per["none"][2] == pytest.approx(OPTIMIZER_OPS_PER_TENSOR * block_tensors(spec, 1), rel=0.1)
 
 
 @pytest.mark.parametrize("model", ["tiny-4l", "tiny-gpt"])
@@ -238,3 +267,52 @@ def test_every_pipeline_action_carries_its_runtimes_host_time(schedule, v, split
     est = estimate_plan(plan, priced_)
     assert est.time_s["overhead"] == pytest.approx(8 * v * (3 if split else 2) * act)
     assert estimate_plan(plan, base).time_s["overhead"] == 0.0
+
+
+@pytest.mark.parametrize("parallel", [{"dp_shard": 2}, {"dp_shard": 2, "ep": 2}, {"dp_shard": 4, "ep": 2}],
+                         ids=["fsdp2", "ep2_fsdp2", "ep2_fsdp4"])
+def test_moe_collective_calls_match_the_runtime(parallel):
+    """A step's collective calls on rank 0 of tiny-moe (one dense and three MoE blocks), counted over the
+    runtime on PyTorch's fake process group, against the model: the EP all-to-alls (3 forward, 2 backward per
+    MoE block and micro-batch) and the experts' FSDP unit, which communicates only where ep_fsdp > 1."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from meshplan.runtime.options import RunOptions
+    from meshplan.runtime.train import Trainer
+
+    class Calls(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func)
+            if name.startswith("c10d.") or (name.startswith("_c10d_functional.") and "wait" not in name):
+                Calls.n += 1
+            return func(*args, **(kwargs or {}))
+
+    gpus = parallel["dp_shard"]
+    raw = {"model": "tiny-moe", "cluster": "cpu-gloo", "gpus": gpus,
+           "training": {"seq_len": 64, "global_batch": 8, "micro_batch": 2, "dtype": "fp32"},
+           "parallel": {"dp_replicate": 1, "tp": 1, "cp": 1, "pp": 1, "sequence_parallel": False, "async_tp": False,
+                        "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None, **parallel},
+           "memory": {"activation_checkpointing": "none", "sac_ops": None, "float8": False, "reshard_after_forward": True},
+           "compile": False}
+    plan = plan_from_dict(raw)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=gpus)
+    try:
+        trainer = Trainer(plan, RunOptions(steps=2, quiet=True), torch.device("cpu"))
+        trainer.step(0)
+        Calls.n = 0
+        with Calls():
+            trainer.step(1)
+    finally:
+        dist.destroy_process_group()
+    lay = layout_of(plan)
+    per_micro = embedding_host(lay) + sum((sum(block_host(lay, layer), start=HostOps()) for layer in range(4)),
+                                          start=HostOps())
+    hf, hb = head_host(lay)
+    # The step's routing statistics: one all-reduce over the stage's ranks (moe.finish_step).
+    modelled = (per_micro + hf + hb).calls * lay.n_micro + step_host(lay, 0).calls + 1
+    assert modelled == pytest.approx(Calls.n, rel=0.05), (modelled, Calls.n)
