@@ -55,6 +55,9 @@ MOE_MODELS = [
          max_seq_len=131072),
     # For tests: 8 experts, top-2, one shared expert, one dense first layer.
     _moe("tiny-moe", 64, 4, 4, 2, 128, 256, 8, 2, 32, shared=1, dense_first=1, max_seq_len=256, rope_theta=10000.0),
+    # Not a published model: meshplan's own MoE of about 0.92B parameters (0.22B active), Mixtral's block at a
+    # quarter of its width with 16 experts, for the MoE runtime's check on one GPU (benchmarks/gpu_session.sh).
+    _moe("moe-1b", 1024, 16, 16, 8, 4096, 32000, 16, 2, 1024, rope_theta=1e6, max_seq_len=4096),
 ]
 
 # Llama 3.1 shapes from Meta's model cards / params.json; Llama 2 from the Llama 2 paper; GPT-3 from Brown et al.
