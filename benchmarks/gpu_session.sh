@@ -24,8 +24,8 @@ nvidia-smi --query-gpu=name,memory.total --format=csv
 work=/tmp/gpu_truth_work
 if [ "${MOE_BUDGET_S:-0}" != 0 ]; then
   python3 benchmarks/gpu_truth.py --no-profile --models moe-1b --top 2 --steps 6 --budget-s "$MOE_BUDGET_S" \
-    --out "$out" --work /tmp/gpu_truth_moe || echo "moe-1b gpu_truth failed"
-  tar czf "$out/gpu_truth_moe_logs.tgz" -C /tmp/gpu_truth_moe runs plans 2>/dev/null
+    --out "$out/moe" --work /tmp/gpu_truth_moe || echo "moe-1b gpu_truth failed"
+  mkdir -p "$out/moe" && tar czf "$out/moe/gpu_truth_logs.tgz" -C /tmp/gpu_truth_moe runs plans 2>/dev/null
 fi
 python3 benchmarks/gpu_truth.py --no-profile --models "${MODELS:-llama3.2-3b}" --top "${TOP:-3}" \
   --variants activation_checkpointing=full --steps 6 --budget-s "${BUDGET_S:-330}" --out "$out" --work "$work"
