@@ -29,8 +29,8 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
-from meshplan.specs.rules import (async_tp_reason, compile_reason, ep_reason, moe_tp_reason, profile_backend, stack_reason,
-                                  tied_embeddings_reason, uses_fully_shard)
+from meshplan.specs.rules import (async_tp_reason, compile_reason, ep_reason, mla_reason, moe_tp_reason, profile_backend,
+                                  stack_reason, tied_embeddings_reason, uses_fully_shard)
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
 SAC_ILP = "ilp"  # selective AC with the op kinds the SAC ILP chooses under the memory budget
@@ -112,6 +112,11 @@ class Space:
                 if getattr(plan.parallel, dim) == AUTO:
                     setattr(plan.parallel, dim, 1)
             notes.append(f"tp = pp = 1 for {plan.model.name}: {tied_embeddings_reason(True, 2, 2)}")
+        if plan.model.mla is not None:
+            for dim in ("tp", "cp"):
+                if getattr(plan.parallel, dim) == AUTO:
+                    setattr(plan.parallel, dim, 1)
+            notes.append(f"tp = cp = 1 for {plan.model.name}: {mla_reason(True, 2, 2)}")
         plan.training.seq_len, plan.training.global_batch = seq_len, gb
         if plan.gpus > profile.devices_per_node * profile.max_nodes:
             raise InputError("gpus", f"{plan.gpus} exceeds the cluster's {profile.devices_per_node} x {profile.max_nodes} devices")

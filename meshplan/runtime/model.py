@@ -7,48 +7,16 @@ parts removed and every parameter keeps the fully-qualified name (FQN) it has in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from meshplan.errors import InputError
+from meshplan.runtime.mla import LatentAttention
 from meshplan.runtime.moe import MoE
+from meshplan.runtime.positions import SeqLayout, rope
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.rules import model_runs_reason
-
-@dataclass(frozen=True)
-class SeqLayout:
-    """Which global token positions this rank's (local) sequence holds.
-
-    Without context parallelism the local sequence is the whole sequence. With load-balanced
-    causal CP the sequence is cut into 2*cp chunks and CP rank r holds chunks r and 2cp-1-r.
-    """
-
-    cp_rank: int = 0
-    cp_size: int = 1
-
-    def positions(self, local_len: int, device: torch.device | str = "cpu") -> torch.Tensor:
-        if self.cp_size == 1:
-            return torch.arange(local_len, device=device)
-        chunk = local_len // 2
-        first, second = self.cp_rank, 2 * self.cp_size - 1 - self.cp_rank
-        return torch.cat([torch.arange(first * chunk, (first + 1) * chunk, device=device),
-                          torch.arange(second * chunk, (second + 1) * chunk, device=device)])
-
-
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding on (batch, seq, heads, head_dim), rotating interleaved pairs like Llama."""
-    head_dim = x.shape[-1]
-    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=x.device, dtype=torch.float32) / head_dim))
-    angles = positions.to(torch.float32)[:, None] * freqs[None, :]  # (seq, head_dim/2)
-    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
-    pairs = x.float().unflatten(-1, (-1, 2))
-    real, imag = pairs[..., 0], pairs[..., 1]
-    out = torch.stack([real * cos - imag * sin, real * sin + imag * cos], dim=-1)
-    return out.flatten(-2).type_as(x)
-
 
 class Attention(nn.Module):
     def __init__(self, spec: ModelSpec):
@@ -120,12 +88,13 @@ def make_norm(spec: ModelSpec) -> nn.Module:
 
 
 class TransformerBlock(nn.Module):
-    """Attention, then the dense MLP (`feed_forward`) or, in a mixture-of-experts layer, the MoE MLP (`moe`)."""
+    """Attention (GQA, or DeepSeek's latent attention where the model has MLA), then the dense MLP
+    (`feed_forward`) or, in a mixture-of-experts layer, the MoE MLP (`moe`)."""
 
     def __init__(self, spec: ModelSpec, layer: int = 0):
         super().__init__()
         self.attention_norm = make_norm(spec)
-        self.attention = Attention(spec)
+        self.attention = LatentAttention(spec) if spec.mla is not None else Attention(spec)
         self.ffn_norm = make_norm(spec)
         moe = spec.is_moe_layer(layer)
         self.feed_forward = None if moe else FeedForward(spec)

@@ -72,6 +72,13 @@ class ModelSpec:
                 and self.sliding_window is None and not (self.attention_bias or self.attention_sinks))
 
     @property
+    def runtime_attention(self) -> bool:
+        """Attention the runtime builds: GQA as wide as the hidden state (gqa_attention) or DeepSeek's MLA,
+        without sliding windows, biases or sinks."""
+        plain = self.sliding_window is None and not (self.attention_bias or self.attention_sinks)
+        return self.gqa_attention or (self.mla is not None and plain)
+
+    @property
     def dense_gqa(self) -> bool:
         """Dense MLP and GQA attention with q as wide as the hidden state: the shape the cost model prices."""
         # Qwen3's per-head q/k RMSNorms pass: two small norms the runtime leaves out and the model does not price.

@@ -55,6 +55,11 @@ MOE_MODELS = [
          max_seq_len=131072),
     # For tests: 8 experts, top-2, one shared expert, one dense first layer.
     _moe("tiny-moe", 64, 4, 4, 2, 128, 256, 8, 2, 32, shared=1, dense_first=1, max_seq_len=256, rope_theta=10000.0),
+    # For tests: DeepSeek-V3's block at toy size (MLA with a query bottleneck, sigmoid router with the
+    # aux-loss-free bias, a shared expert, one dense first layer).
+    _moe("tiny-deepseek", 64, 4, 4, 4, 128, 256, 8, 2, 32, shared=1, dense_first=1, router="sigmoid",
+         load_balance="bias", max_seq_len=256, rope_theta=10000.0,
+         mla=MLASpec(q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16)),
     # Not a published model: meshplan's own MoE of about 0.92B parameters (0.22B active), Mixtral's block at a
     # quarter of its width with 16 experts, for the MoE runtime's check on one GPU (benchmarks/gpu_session.sh).
     _moe("moe-1b", 1024, 16, 16, 8, 4096, 32000, 16, 2, 1024, rope_theta=1e6, max_seq_len=4096),

@@ -129,6 +129,9 @@ def unsupported_fields(plan: Plan, backend: str) -> list[tuple[str, str]]:
     why = moe_tp_reason(plan.model.is_moe, int(p.ep), int(p.tp), bool(p.sequence_parallel))
     if why:
         out.append(("parallel.ep", why))
+    why = mla_reason(plan.model.mla is not None, int(p.tp), int(p.cp))
+    if why:
+        out.append(("parallel.tp" if p.tp > 1 else "parallel.cp", why))
     why = float8_tp_reason(bool(plan.memory.float8), int(p.tp), backend)
     if why:
         out.append(("memory.float8", why))
@@ -202,14 +205,23 @@ def float8_device_reason(float8: bool, device_type: str, capability: tuple[int, 
 
 
 def model_runs_reason(spec: ModelSpec) -> str | None:
-    """Why the runtime cannot build this model yet, or None. It builds blocks with GQA attention whose
-    query is as wide as the hidden state, and a dense or mixture-of-experts MLP (runtime/moe.py); MLA,
-    another head width, sliding windows, attention biases or sinks would run as something else. The cost
-    model prices them all (plan and estimate take them); `run` refuses them in one line."""
-    if spec.gqa_attention:
+    """Why the runtime cannot build this model yet, or None. It builds GQA attention whose query is as wide
+    as the hidden state and DeepSeek's MLA (runtime/mla.py), each with a dense or mixture-of-experts MLP
+    (runtime/moe.py); another head width, sliding windows, attention biases or sinks would run as something
+    else. The cost model prices them all (plan and estimate take them); `run` refuses them in one line."""
+    if spec.runtime_attention:
         return None
-    return (f"{spec.name}'s attention (MLA, a head width other than dim / n_heads, sliding windows, biases or sinks) "
-            "is planned and priced but not yet built by the runtime; use a model with GQA attention to run")
+    return (f"{spec.name}'s attention (a head width other than dim / n_heads, sliding windows, biases or sinks) "
+            "is planned and priced but not yet built by the runtime; use a model with GQA or MLA attention to run")
+
+
+def mla_reason(mla: bool, tp: int, cp: int) -> str | None:
+    """Why the runtime cannot run MLA (runtime/mla.py) in this layout, or None: it builds it without TP (its
+    latent projections and norms would be replicated DTensors, not built) and without CP (both CP paths
+    take keys and values of one head width; MLA's differ)."""
+    if mla and (tp > 1 or cp > 1):
+        return f"with MLA attention the runtime runs tp = cp = 1, got tp {tp}, cp {cp}"
+    return None
 
 
 def moe_tp_reason(moe: bool, ep: int, tp: int, sp: bool) -> str | None:

@@ -92,6 +92,8 @@ def moe(**parallel: Any) -> dict[str, Any]:
 
 
 MOE_TWO_RANK: dict[str, dict[str, Any]] = {
+    # DeepSeek's block at toy size: MLA, sigmoid router with the expert bias (runtime/mla.py, moe.py).
+    "deepseek_ep2_fsdp2": plan("tiny-deepseek", dp_shard=2, ep=2),
     "moe_ep2_fsdp2": moe(dp_shard=2, ep=2),
     "moe_ep2_sac": moe(dp_shard=2, ep=2, memory={"activation_checkpointing": "selective"}),
     "moe_ep2_full_ac": moe(dp_shard=2, ep=2, memory={"activation_checkpointing": "full"}),
@@ -105,4 +107,5 @@ MOE_FOUR_RANK: dict[str, dict[str, Any]] = {
     "moe_ep2_pp2_1F1B": moe(dp_shard=2, ep=2, pp=2, pp_schedule="1F1B"),
     "moe_ep2_pp2_Interleaved1F1B": moe(dp_shard=2, ep=2, pp=2, pp_schedule="Interleaved1F1B", pp_virtual_stages=2),
     "moe_ep2_hsdp": moe(dp_replicate=2, dp_shard=2, ep=2),
+    "deepseek_ep2_pp2_1F1B": plan("tiny-deepseek", dp_shard=2, ep=2, pp=2, pp_schedule="1F1B"),
 }
