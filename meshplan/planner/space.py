@@ -29,8 +29,9 @@ from meshplan.fields import AUTO
 from meshplan.planner.defaults import default_global_batch, default_seq_len
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import PP_SCHEDULES, SINGLE_STAGE_SCHEDULES, V_SHAPED_SCHEDULES, Plan
-from meshplan.specs.rules import (async_tp_reason, compile_reason, ep_reason, mla_reason, moe_tp_reason, profile_backend,
-                                  stack_reason, tied_embeddings_reason, uses_fully_shard)
+from meshplan.specs.rules import (async_tp_reason, compile_reason, ep_reason, mla_reason, moe_schedule_reason,
+                                  moe_tp_reason, profile_backend, stack_reason, tied_embeddings_reason,
+                                  uses_fully_shard)
 
 SAC_DEFAULT = "default"  # selective AC with TorchTitan's op policy (sac_ops: null)
 SAC_ILP = "ilp"  # selective AC with the op kinds the SAC ILP chooses under the memory budget
@@ -192,6 +193,8 @@ class Space:
             return [("1F1B", 1)]
         out = []
         for s in self._opts("parallel.pp_schedule", p.pp_schedule, list(PP_SCHEDULES)):
+            if moe_schedule_reason(self.plan.model.is_moe, pp, s):
+                continue  # what the runtime does not run (specs/rules.py)
             vs = [1] if s in SINGLE_STAGE_SCHEDULES else [2] if s in V_SHAPED_SCHEDULES else [1, 2, 3, 4]
             for v in self._opts("parallel.pp_virtual_stages", p.pp_virtual_stages, vs):
                 out.append((s, v))

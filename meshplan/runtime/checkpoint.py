@@ -224,8 +224,9 @@ def _differences(was: Any, has: Any) -> tuple[str, str]:
     """The model fields that differ, dotted (e.g. moe.experts 8 against 4), or the whole specs."""
     if not (isinstance(was, dict) and isinstance(has, dict)):
         return repr(was), repr(has)
-    keys = sorted(k for k in set(_flat(was)) | set(_flat(has)) if _flat(was).get(k) != _flat(has).get(k))
-    return (", ".join(f"{k} {_flat(was).get(k)!r}" for k in keys), ", ".join(f"{k} {_flat(has).get(k)!r}" for k in keys))
+    was, has = _flat(was), _flat(has)
+    keys = sorted(k for k in set(was) | set(has) if was.get(k) != has.get(k))
+    return ", ".join(f"{k} {was.get(k)!r}" for k in keys), ", ".join(f"{k} {has.get(k)!r}" for k in keys)
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

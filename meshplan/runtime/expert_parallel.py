@@ -59,7 +59,8 @@ class AllToAllDispatch:
     def __init__(self, group, ep: int):
         self.group, self.ep = group, ep
 
-    def __call__(self, experts: GroupedExperts, x: torch.Tensor, expert_ids: torch.Tensor, n_experts: int) -> torch.Tensor:
+    def __call__(self, experts: GroupedExperts, x: torch.Tensor, expert_ids: torch.Tensor,
+                 n_experts: int) -> torch.Tensor:
         ep, local = self.ep, n_experts // self.ep
         counts = torch.bincount(expert_ids, minlength=n_experts)
         received = torch.empty_like(counts)  # [source rank, my local expert]

@@ -163,22 +163,25 @@ def test_a_moe_plan_loads_and_run_refuses_its_attention_in_one_line(name):
     ({"compile": True}, "compile", "mixture-of-experts"),
     ({"tp": 2, "dp_shard": 4, "sequence_parallel": True}, "parallel.ep", "expert parallelism folding tp"),  # ep 1
     ({"tp": 2, "dp_shard": 4, "ep": 2}, "parallel.ep", "sequence_parallel: true"),
+    ({"pp": 2, "dp_shard": 4, "pp_schedule": "InterleavedZeroBubble", "pp_virtual_stages": 2}, "parallel.pp_schedule",
+     "splits backward"),
 ])
 def test_what_the_moe_runtime_does_not_build_is_refused_in_one_line(edits, field, words):
-    """tiny-moe runs (tests/runtime/test_moe_layouts.py), except compiled (the dispatch does not trace) and
-    TP other than TorchTitan's expert-TP 1 with SP (specs/rules.moe_tp_reason)."""
+    """tiny-moe runs (tests/runtime/test_moe_layouts.py), except compiled (the dispatch does not trace), TP
+    other than TorchTitan's expert-TP 1 with SP (specs/rules.moe_tp_reason) and the split-backward schedules."""
     parallel = {**_mesh(1)["parallel"], "sequence_parallel": False, "async_tp": False, "pp_schedule": "1F1B",
                 "pp_virtual_stages": 1}
-    parallel.update({k: v for k, v in edits.items() if k != "compile"})
-    plan = plan_from_dict({**_mesh(1), "compile": edits.get("compile", False), "parallel": parallel,
-                           "training": {"seq_len": 64, "global_batch": 8, "micro_batch": 1},
-                           "memory": {"activation_checkpointing": "none", "float8": False, "reshard_after_forward": True}})
-    found = dict(unsupported_fields(plan, "nccl"))
-    assert words in found[field] and "\n" not in found[field]
-    good = plan_from_dict({**_mesh(1), "compile": False, "parallel": {**parallel, "tp": 1, "dp_shard": 8, "ep": 2, "sequence_parallel": False},
-                           "training": {"seq_len": 64, "global_batch": 8, "micro_batch": 1},
-                           "memory": {"activation_checkpointing": "none", "float8": False, "reshard_after_forward": True}})
+    good = plan_from_dict(_moe_plan({**parallel, "dp_shard": 8, "ep": 2}))
     assert unsupported_fields(good, "nccl") == []
+    parallel.update({k: v for k, v in edits.items() if k != "compile"})
+    found = dict(unsupported_fields(plan_from_dict(_moe_plan(parallel, edits.get("compile", False))), "nccl"))
+    assert words in found[field] and "\n" not in found[field]
+
+
+def _moe_plan(parallel: dict, compile_: bool = False) -> dict:
+    return {**_mesh(1), "compile": compile_, "parallel": parallel,
+            "training": {"seq_len": 64, "global_batch": 8, "micro_batch": 1},
+            "memory": {"activation_checkpointing": "none", "float8": False, "reshard_after_forward": True}}
 
 
 def _mesh(ep, dp_shard=8, cp=1, tp=1, model="tiny-moe", gpus=8):

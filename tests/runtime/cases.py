@@ -106,6 +106,8 @@ MOE_FOUR_RANK: dict[str, dict[str, Any]] = {
     "moe_ep2_tp2": moe(dp_shard=2, tp=2, sequence_parallel=True, ep=2),
     "moe_ep2_pp2_1F1B": moe(dp_shard=2, ep=2, pp=2, pp_schedule="1F1B"),
     "moe_ep2_pp2_Interleaved1F1B": moe(dp_shard=2, ep=2, pp=2, pp_schedule="Interleaved1F1B", pp_virtual_stages=2),
+    "moe_ep2_pp2_GPipe": moe(dp_shard=2, ep=2, pp=2, pp_schedule="GPipe"),
+    "moe_ep2_pp2_LoopedBFS": moe(dp_shard=2, ep=2, pp=2, pp_schedule="LoopedBFS", pp_virtual_stages=2),
     "moe_ep2_hsdp": moe(dp_replicate=2, dp_shard=2, ep=2),
     "deepseek_ep2_pp2_1F1B": plan("tiny-deepseek", dp_shard=2, ep=2, pp=2, pp_schedule="1F1B"),
 }
