@@ -162,7 +162,7 @@ def test_a_moe_model_is_planned_with_ep_searched_and_only_what_runs(tmp_path, ca
 
     out = tmp_path / "best.yaml"
     argv = ["plan", "--model", "tiny-moe", "--gpus", "4", "--cluster", "cpu-gloo", "--seq-len", "128",
-            "--global-batch", "8", "--out", str(out)]
+            "--global-batch", "8", "--out", str(out), "--top", "40"]  # EP 2 ranks below the top 10 here
     assert cli.main(argv) == 0
     assert "refuses it" not in capsys.readouterr().out
     assert "ep" in yaml.safe_load(out.read_text())["parallel"]
