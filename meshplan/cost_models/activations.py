@@ -90,9 +90,14 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH, lay
         # MLA's up-projections save their latent inputs (normed): the query and the key/value bottlenecks.
         t += [ActivationTensor("q_latent", "other", spec.mla.q_lora_rank, "gathered"),
               ActivationTensor("kv_latent", "other", spec.mla.kv_lora_rank, "gathered")]
-    t += [ActivationTensor("q_mm", "qkv", q, "tp", no_ac_saved=False),
-          ActivationTensor("k_mm", "qkv", kv, "tp", no_ac_saved=False),
+    # Qwen3's per-head q/k RMSNorms keep their inputs, the q and k projections' outputs (the fp32
+    # composite: fp32 copies instead, as the block norms).
+    qk_norm_kept = spec.qk_norm and norm_in_kept
+    t += [ActivationTensor("q_mm", "qkv", q, "tp", no_ac_saved=qk_norm_kept),
+          ActivationTensor("k_mm", "qkv", kv, "tp", no_ac_saved=qk_norm_kept),
           ActivationTensor("v_mm", "qkv", v, "tp", no_ac_saved=False)]
+    if spec.qk_norm and conv.norm_fp32:
+        t += [ActivationTensor("qk_norm_fp32", "other", 2 * (q + kv), "tp", 4.0)]
     # Attention core inputs (q, k after RoPE; v) and output are what its backward needs.
     t += [ActivationTensor("q_in", "other", q, "tp"), ActivationTensor("k_in", "other", kv, "tp"),
           ActivationTensor("v_in", "other", v, "tp")]

@@ -29,6 +29,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(spec.dim, spec.kv_dim, bias=bias)
         self.wv = nn.Linear(spec.dim, spec.kv_dim, bias=bias)
         self.wo = nn.Linear(spec.n_heads * spec.head_dim, spec.dim, bias=bias)
+        # Qwen3's per-head RMSNorms of queries and keys, before RoPE (one weight of head_dim, shared by the heads).
+        self.q_norm = nn.RMSNorm(spec.head_dim, eps=spec.norm_eps) if spec.qk_norm else None
+        self.k_norm = nn.RMSNorm(spec.head_dim, eps=spec.norm_eps) if spec.qk_norm else None
         self.seq_layout = SeqLayout()
         # Set by context parallelism: fn(q, k, v) -> out over the CP group (None = local causal SDPA).
         self.cp_attention = None
@@ -45,6 +48,8 @@ class Attention(nn.Module):
         q = q.view(bs, seqlen, -1, self.head_dim)
         k = k.view(bs, seqlen, -1, self.head_dim)
         v = v.view(bs, seqlen, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
             positions = self.seq_layout.positions(seqlen, x.device)
             q, k = rope(q, positions, self.rope_theta), rope(k, positions, self.rope_theta)

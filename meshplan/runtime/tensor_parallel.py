@@ -56,6 +56,10 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh, sequence_parallel: bool, f
             "attention.wv": colwise(),
             "attention.wo": rowwise(output_layouts=seq),
         }
+        if getattr(block.attention, "q_norm", None) is not None:
+            # Qwen3's per-head norms over this rank's heads (dim 2): one weight, its gradient summed over TP.
+            plan.update({"attention.q_norm": SequenceParallel(sequence_dim=2, use_local_output=True),
+                         "attention.k_norm": SequenceParallel(sequence_dim=2, use_local_output=True)})
         if block.moe is not None:
             plan.update(moe_tp_plan(block.moe, tp_mesh, seq, colwise, rowwise, prepare_input))
         else:

@@ -67,22 +67,16 @@ class ModelSpec:
 
     @property
     def gqa_attention(self) -> bool:
-        """GQA attention with q as wide as the hidden state, no window, biases or sinks (what the runtime builds)."""
-        return (self.mla is None and self.head_dim * self.n_heads == self.dim
-                and self.sliding_window is None and not (self.attention_bias or self.attention_sinks))
+        """GQA attention of any head width (Qwen3's per-head q/k norms included), without a sliding window,
+        biases or sinks: what the runtime builds besides MLA."""
+        return (self.mla is None and self.sliding_window is None
+                and not (self.attention_bias or self.attention_sinks))
 
     @property
     def runtime_attention(self) -> bool:
-        """Attention the runtime builds: GQA as wide as the hidden state (gqa_attention) or DeepSeek's MLA,
-        without sliding windows, biases or sinks."""
-        plain = self.sliding_window is None and not (self.attention_bias or self.attention_sinks)
-        return self.gqa_attention or (self.mla is not None and plain)
-
-    @property
-    def dense_gqa(self) -> bool:
-        """Dense MLP and GQA attention with q as wide as the hidden state: the shape the cost model prices."""
-        # Qwen3's per-head q/k RMSNorms pass: two small norms the runtime leaves out and the model does not price.
-        return self.moe is None and self.gqa_attention
+        """Attention the runtime builds: GQA (gqa_attention) or DeepSeek's MLA, without sliding windows,
+        biases or sinks."""
+        return self.sliding_window is None and not (self.attention_bias or self.attention_sinks)
 
     def attention_window(self, layer: int) -> int | None:
         """The keys a query of block `layer` sees at most: a sliding window, or None for full attention."""

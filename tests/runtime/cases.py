@@ -91,7 +91,21 @@ def moe(**parallel: Any) -> dict[str, Any]:
     return plan("tiny-moe", memory=memory, **parallel)
 
 
+# Qwen3-MoE's block at toy size: heads of 32 on a hidden size of 64 (4 heads: a query twice as wide as the
+# hidden state) with per-head q/k RMSNorms, 8 experts top-2, no shared expert.
+TINY_QWEN3_MOE = {"name": "tiny-qwen3-moe", "arch": "llama", "dim": 64, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2,
+                  "attention_head_dim": 32, "qk_norm": True, "ffn_dim": 128, "vocab_size": 256, "max_seq_len": 256,
+                  "rope_theta": 10000.0, "moe": {"experts": 8, "top_k": 2, "expert_ffn_dim": 32}}
+
+
+def qwen3_moe(**parallel: Any) -> dict[str, Any]:
+    out = plan(**parallel)
+    out["model"] = copy.deepcopy(TINY_QWEN3_MOE)
+    return out
+
+
 MOE_TWO_RANK: dict[str, dict[str, Any]] = {
+    "qwen3_ep2_fsdp2": qwen3_moe(dp_shard=2, ep=2),
     # DeepSeek's block at toy size: MLA, sigmoid router with the expert bias (runtime/mla.py, moe.py).
     "deepseek_ep2_fsdp2": plan("tiny-deepseek", dp_shard=2, ep=2),
     "moe_ep2_fsdp2": moe(dp_shard=2, ep=2),
@@ -110,4 +124,5 @@ MOE_FOUR_RANK: dict[str, dict[str, Any]] = {
     "moe_ep2_pp2_LoopedBFS": moe(dp_shard=2, ep=2, pp=2, pp_schedule="LoopedBFS", pp_virtual_stages=2),
     "moe_ep2_hsdp": moe(dp_replicate=2, dp_shard=2, ep=2),
     "deepseek_ep2_pp2_1F1B": plan("tiny-deepseek", dp_shard=2, ep=2, pp=2, pp_schedule="1F1B"),
+    "qwen3_ep2_tp2": qwen3_moe(dp_shard=2, tp=2, sequence_parallel=True, ep=2),
 }

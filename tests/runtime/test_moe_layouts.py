@@ -1,6 +1,7 @@
 """Mixture-of-experts layouts train exactly like one process (issue 29): tiny-moe under expert parallelism
 with FSDP, TP + SP, PP (1F1B and Interleaved1F1B), CP, HSDP, selective and full AC, EP 4 on 4 ranks, and
-tiny-deepseek (MLA attention, sigmoid router with the aux-loss-free bias) under EP x FSDP and EP x PP; each
+tiny-deepseek (MLA attention, sigmoid router with the aux-loss-free bias) under EP x FSDP and EP x PP, and a
+toy Qwen3-MoE (heads wider than dim / n_heads, per-head q/k norms) under EP x FSDP and EP x TP + SP; each
 layout's losses against the single-process reference (runtime/reference.py) over 5 fp32 steps and 2 bf16
 steps, with the tolerances of the dense layouts (test_layouts.py).
 
@@ -94,7 +95,8 @@ def test_moe_layout_matches_single_process_bf16(name, results):
 
 @pytest.mark.parametrize("name", sorted(set(ALL) - {LEARNED}))
 def test_balanced_routing_figures_by_hand(name, results):
-    aux_layers = 0 if name.startswith("deepseek") else MOE_LAYERS  # the bias model has no aux loss
+    # Every model here has 3 MoE layers (the toy Qwen3: 3 of 3; the others 3 of 4); the bias model no aux loss.
+    aux_layers = 0 if name.startswith("deepseek") else MOE_LAYERS
     for tokens, imbalance, aux in _got(name, results)["routing"]:
         assert tokens == [PAIRS_PER_EXPERT] * 3
         assert imbalance == pytest.approx(1.0)
