@@ -5,12 +5,12 @@
 #
 #   device run, carry [".whl"], timeout 540:   bash benchmarks/gpu_session.sh
 #
-# BUDGET_S (default 330) stops new runs; each 3B run takes about 35 s plus its compile. Then the saved
+# MOE_BUDGET_S (default 90; 0 skips it) first runs the planner's top 2 plans of moe-1b (0.92B parameters,
+# EP 1 on one GPU, eager) through gpu_truth, into tables of their own under $OUT/moe: issue 29's GPU check.
+# BUDGET_S (default 270) then stops new 3B runs; each takes about 35 s plus its compile. Then the saved
 # tensors of one block (benchmarks/saved_tensors.py) and a profiled step of the pick and of AC full
-# (their top ops by GPU time): about 2 more minutes, so keep BUDGET_S + 150 under the call's limit.
-# MOE_BUDGET_S (default 0: skipped) runs the planner's top 2 plans of moe-1b (0.92B parameters, EP 1 on one
-# GPU, eager) through gpu_truth first, into gpu_truth tables of their own: issue 29's GPU check. Give it about
-# 90 s and take that much off BUDGET_S.
+# (their top ops by GPU time): about 2 more minutes, so keep MOE_BUDGET_S + BUDGET_S + 150 under the
+# call's limit (540 s).
 # Outputs go to $OUT (the device tool's folder), or benchmarks/results when run elsewhere.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,13 +22,13 @@ cbc_dir=/tmp/site/pulp/solverdir/cbc/linux/i64
 chmod +x "$cbc_dir/cbc" 2>/dev/null && export PATH="$cbc_dir:$PATH"
 nvidia-smi --query-gpu=name,memory.total --format=csv
 work=/tmp/gpu_truth_work
-if [ "${MOE_BUDGET_S:-0}" != 0 ]; then
-  python3 benchmarks/gpu_truth.py --no-profile --models moe-1b --top 2 --steps 6 --budget-s "$MOE_BUDGET_S" \
+if [ "${MOE_BUDGET_S:-90}" != 0 ]; then
+  python3 benchmarks/gpu_truth.py --no-profile --models moe-1b --top 2 --steps 6 --budget-s "${MOE_BUDGET_S:-90}" \
     --out "$out/moe" --work /tmp/gpu_truth_moe || echo "moe-1b gpu_truth failed"
   mkdir -p "$out/moe" && tar czf "$out/moe/gpu_truth_logs.tgz" -C /tmp/gpu_truth_moe runs plans 2>/dev/null
 fi
 python3 benchmarks/gpu_truth.py --no-profile --models "${MODELS:-llama3.2-3b}" --top "${TOP:-3}" \
-  --variants activation_checkpointing=full --steps 6 --budget-s "${BUDGET_S:-330}" --out "$out" --work "$work"
+  --variants activation_checkpointing=full --steps 6 --budget-s "${BUDGET_S:-270}" --out "$out" --work "$work"
 status=$?
 tar czf "$out/gpu_truth_logs.tgz" -C "$work" runs plans 2>/dev/null
 # What one block keeps for backward on this GPU, against the inventory (about 40 s).
