@@ -136,11 +136,11 @@ def moe_elementwise_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int) -
 # TorchDispatchMode, one block as the difference of 5- and 3-layer models, with and without shared experts
 # and aux loss (tests/calibrate/test_host_costs.py counts them again): the router, top-k, sort, the grouped
 # GEMMs and the weighted combine; the shared experts (one SwiGLU); the Switch aux loss (its statistics and
-# the gradient hook). Full AC's replay of an MoE block is 1.53x its forward ops, as a dense block's (1.52x),
+# the gradient hook). Full AC's replay of an MoE block is 1.55x its forward ops, as a dense block's (1.52x),
 # so checkpoint_op_s per forward op prices it.
-MOE_ROUTED_OPS = (25.0, 30.0)
+MOE_ROUTED_OPS = (23.0, 30.0)
 MOE_SHARED_OPS = (15.0, 32.0)
-MOE_AUX_OPS = (18.0, 16.0)
+MOE_AUX_OPS = (16.0, 16.0)
 # Under EP, per MoE layer and micro-batch: the dispatcher's ops beyond the local one's (the counts exchange,
 # the splits, the regrouping of what arrives: 67 more ops a step at one micro-batch than without EP, less
 # the 50 of the experts' own FSDP2 unit, which host._data_parallel_host prices as any unit; put in forward),

@@ -59,6 +59,14 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _pin_to_one(plan: Plan, dims: tuple[str, ...], why: str) -> str:
+    """Set each of `dims` the plan leaves auto to 1; the note saying so."""
+    for dim in dims:
+        if getattr(plan.parallel, dim) == AUTO:
+            setattr(plan.parallel, dim, 1)
+    return f"{' = '.join(dims)} = 1 for {plan.model.name}: {why}"
+
+
 @dataclass(frozen=True)
 class Mesh:
     dp_replicate: int
@@ -108,16 +116,11 @@ class Space:
             notes.append(note)
         # The workload is fixed from here on: what the search (and any re-search) plans for.
         plan = plan.copy()
+        # Degrees the runtime runs at 1 for this model (specs/rules.py), where the plan leaves them auto.
         if plan.model.tied_embeddings:
-            for dim in ("tp", "pp"):
-                if getattr(plan.parallel, dim) == AUTO:
-                    setattr(plan.parallel, dim, 1)
-            notes.append(f"tp = pp = 1 for {plan.model.name}: {tied_embeddings_reason(True, 2, 2)}")
+            notes.append(_pin_to_one(plan, ("tp", "pp"), tied_embeddings_reason(True, 2, 2)))
         if plan.model.mla is not None:
-            for dim in ("tp", "cp"):
-                if getattr(plan.parallel, dim) == AUTO:
-                    setattr(plan.parallel, dim, 1)
-            notes.append(f"tp = cp = 1 for {plan.model.name}: {mla_reason(True, 2, 2)}")
+            notes.append(_pin_to_one(plan, ("tp", "cp"), mla_reason(True, 2, 2)))
         plan.training.seq_len, plan.training.global_batch = seq_len, gb
         if plan.gpus > profile.devices_per_node * profile.max_nodes:
             raise InputError("gpus", f"{plan.gpus} exceeds the cluster's {profile.devices_per_node} x {profile.max_nodes} devices")

@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from meshplan.runtime.activation_checkpoint import block_module
 from meshplan.runtime.mesh import Meshes, ParallelDims
 from meshplan.runtime.model import Transformer
 from meshplan.specs.rules import uses_fully_shard
@@ -64,8 +65,6 @@ def apply_expert_fsdp(model: Transformer, mesh: Meshes, dims: ParallelDims, resh
     (efsdp, with dp_replicate as HSDP) before their block is sharded over all of dp_shard x cp. An expert's
     gradient sums the tokens every EP rank sent it, so it is divided by the whole data-parallel degree, as
     the dense weights' are, not by the efsdp ranks that reduce it (TorchTitan sets the same divide factor)."""
-    from meshplan.runtime.activation_checkpoint import block_module
-
     experts_mesh = mesh.experts["dp_replicate", "efsdp"] if dims.dp_replicate > 1 else mesh.experts["efsdp"]
     for block in model.layers.values():
         moe = block_module(block).moe

@@ -59,10 +59,9 @@ class AllToAllDispatch:
     def __init__(self, group, ep: int):
         self.group, self.ep = group, ep
 
-    def __call__(self, experts: GroupedExperts, x: torch.Tensor, expert_ids: torch.Tensor,
-                 n_experts: int) -> torch.Tensor:
-        ep, local = self.ep, n_experts // self.ep
-        counts = torch.bincount(expert_ids, minlength=n_experts)
+    def __call__(self, experts: GroupedExperts, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """`counts[e]`: the rows of global expert e (x is sorted by expert)."""
+        ep, local = self.ep, counts.numel() // self.ep
         received = torch.empty_like(counts)  # [source rank, my local expert]
         dist.all_to_all_single(received, counts, group=self.group)
         # The host needs the splits: the one read the dispatch cannot do without (TorchTitan's too).

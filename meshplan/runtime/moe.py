@@ -187,10 +187,9 @@ class Router(nn.Module):
 
 
 class LocalDispatch:
-    """Every routed expert on this rank: tokens are sorted by expert and run here."""
+    """Every routed expert on this rank: the rows, sorted by expert (`counts[e]` for expert e), run here."""
 
-    def __call__(self, experts: GroupedExperts, x: torch.Tensor, expert_ids: torch.Tensor, n_experts: int) -> torch.Tensor:
-        counts = torch.bincount(expert_ids, minlength=n_experts)
+    def __call__(self, experts: GroupedExperts, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         return experts(x, counts)
 
 
@@ -244,22 +243,24 @@ class MoE(nn.Module):
         r = self.router(x, self.expert_bias, positions)
         tokens = x.reshape(-1, dim)
         flat = r.experts.flatten()
+        counts = torch.bincount(flat, minlength=self.spec.experts)  # pairs per expert: dispatch, aux loss, metrics
         order = torch.argsort(flat, stable=True)
         token_of = order // self.spec.top_k
-        routed = self.dispatch(self.experts, tokens[token_of], flat[order], self.spec.experts)
+        routed = self.dispatch(self.experts, tokens[token_of], counts)
         weighted = routed * r.weights.flatten()[order, None].to(routed.dtype)
         out = torch.zeros_like(tokens).index_add(0, token_of, weighted.to(tokens.dtype)).view(bs, seqlen, dim)
-        self._count(flat)
+        self._count(counts)
         if self.spec.load_balance == "aux_loss":
-            out = AttachAuxLoss.apply(out, self._aux_loss(r, flat), AUX_LOSS_COEF * self.aux_grad_scale * self.share.grad_scale)
+            scale = AUX_LOSS_COEF * self.aux_grad_scale * self.share.grad_scale
+            out = AttachAuxLoss.apply(out, self._aux_loss(r, counts), scale)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
         return out
 
-    def _aux_loss(self, r: Routed, flat: torch.Tensor) -> torch.Tensor:
+    def _aux_loss(self, r: Routed, counts: torch.Tensor) -> torch.Tensor:
         """E * sum_i f_i * P_i over the micro-batch's tokens (all shares of them; unscaled by the coefficient)."""
         n = self.spec.experts
-        stats = torch.cat([torch.bincount(flat, minlength=n).to(r.scores.dtype).detach(), r.scores.sum(0),
+        stats = torch.cat([counts.to(r.scores.dtype), r.scores.sum(0),
                            torch.tensor([r.scores.shape[0]], dtype=r.scores.dtype, device=r.scores.device)])
         if self.share.group is not None:
             stats = SumOverGroup.apply(stats, self.share.group)
@@ -274,9 +275,9 @@ class MoE(nn.Module):
         return self.counting and not _recomputing()
 
     @torch.no_grad()
-    def _count(self, flat: torch.Tensor) -> None:
+    def _count(self, counts: torch.Tensor) -> None:
         if self._counts():
-            self.tokens_per_expert += torch.bincount(flat, minlength=self.spec.experts).to(self.tokens_per_expert.dtype)
+            self.tokens_per_expert += counts.to(self.tokens_per_expert.dtype)
 
 
 def _recomputing() -> bool:

@@ -42,12 +42,10 @@ def reference_run(plan: Plan, opts: RunOptions, float8: bool | None = None) -> l
         apply_float8(model, emulate=True)
     init_weights(model, spec, opts.seed)
     (opt,), (sched,) = build_optimizers([model], opts)
-    compute = copy.deepcopy(model).to(torch.bfloat16) if t.dtype == "bf16" else model
+    compute = bf16_copy(model) if t.dtype == "bf16" else model
     n_micro = t.global_batch // t.micro_batch
     moe = moe_layers([compute])
     for layer in moe:
-        # The bf16 copy cast the counters and the expert bias too; FSDP2 casts parameters alone.
-        layer._buffers.update({k: b.float() for k, b in layer._buffers.items() if b is not None})
         layer.balanced_routing = opts.balanced_routing
         layer.aux_grad_scale = 1.0 / n_micro
     source = make_source(opts.data, BatchSpec(t.global_batch, t.seq_len, spec.vocab_size), opts.seed, opts.data_dtype)
@@ -71,6 +69,15 @@ def reference_run(plan: Plan, opts: RunOptions, float8: bool | None = None) -> l
         routing = routing_stats(finish_step(moe, None, 1, 1, torch.device("cpu")).tolist(), n_micro)
         out.append(ReferenceStep(step + 1, total / n_micro, time.perf_counter() - t0, routing))
     return out
+
+
+def bf16_copy(model: nn.Module) -> nn.Module:
+    """The compute copy: parameters in bf16, buffers (an MoE layer's counters and expert bias) as they are,
+    as FSDP2's mixed precision casts parameters alone."""
+    compute = copy.deepcopy(model)
+    for p in compute.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return compute
 
 
 @torch.no_grad()

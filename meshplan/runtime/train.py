@@ -211,7 +211,7 @@ class Trainer:
         return StepResult(loss_total / owners / self.n_micro, norm, stats)
 
     def _routing(self) -> torch.Tensor:
-        """finish_step over this rank's MoE layers, combined over the pipeline stages (moe.routing_stats)."""
+        """finish_step over this rank's MoE layers, combined over the pipeline stages (moe.combine_over_stages)."""
         stage = self.mesh["stage"]
         got = finish_step(self.moe, stage.get_group() if stage.size() > 1 else None, self.dims.ep,
                           self.dims.cp * self.dims.tp, self.device)

@@ -234,7 +234,8 @@ def mla_reason(mla: bool, tp: int, cp: int) -> str | None:
     latent projections and norms would be replicated DTensors, not built) and without CP (both CP paths
     take keys and values of one head width; MLA's differ)."""
     if mla and (tp > 1 or cp > 1):
-        return f"with MLA attention the runtime runs tp = cp = 1, got tp {tp}, cp {cp}"
+        return ("with MLA attention the runtime runs tp = cp = 1 (its latent projections are not TP-sharded, "
+                "and CP's attention takes one head width for keys and values)")
     return None
 
 

@@ -86,9 +86,8 @@ BF16_FOUR_RANK: dict[str, dict[str, Any]] = {f"bf16_{k}": in_bf16(v) for k, v in
 
 # Mixture-of-experts layouts (tiny-moe: 8 experts, top-2, a shared expert, one dense first layer), run with
 # balanced routing (runtime/moe.py) so that every layout routes each token alike; test_moe_layouts.py.
-def moe(**parallel: Any) -> dict[str, Any]:
-    memory = parallel.pop("memory", None)
-    return plan("tiny-moe", memory=memory, **parallel)
+def moe(**kw: Any) -> dict[str, Any]:
+    return plan("tiny-moe", **kw)
 
 
 # Qwen3-MoE's block at toy size: heads of 32 on a hidden size of 64 (4 heads: a query twice as wide as the
