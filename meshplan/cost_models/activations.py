@@ -206,17 +206,24 @@ def recompute_peak_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: b
     return activation_bytes_per_token(spec, seq_len, tp, sp, "none", None, act_bytes, conv, layer, ep, imbalance)
 
 
-def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash") -> set[str]:
-    """Op kinds whose forward runs again in backward (matmul kinds and the attention core)."""
+# What a block's backward reads of its forward: ffn_out's output (the block's output) is not among it.
+BACKWARD_NEEDS = frozenset({"qkv", "attention", "attn_out", "ffn_in"})
+
+
+def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash", compiled: bool = False) -> set[str]:
+    """Op kinds whose forward runs again in backward (matmul kinds and the attention core).
+
+    Full AC eager replays the block's whole forward (torch.utils.checkpoint's replay runs ffn_out too: its
+    input is saved only when it runs). Compiled, AOTAutograd's partitioner puts into the backward graph only
+    the recomputation that graph reads, so ffn_out is not run again."""
     if ac == "none":
         return set()
     if ac == "full":
-        return {"qkv", "attention", "attn_out", "ffn_in", "ffn_out"}
+        return set(BACKWARD_NEEDS) if compiled else {"qkv", "attention", "attn_out", "ffn_in", "ffn_out"}
     if attention_core_only(ac, sac_ops, attention_kernel):
         return {"attention"}
     if sac_ops == TORCHTITAN_OP_POLICY:
         # TorchTitan's op policy saves every other matmul; recomputes wk, wo and w3 (GPT: wk, wv, wo).
         return {"qkv_partial", "attn_out", "ffn_in_partial"} if arch == "llama" else {"qkv_partial", "attn_out"}
     kinds = DEFAULT_SAC_OPS if sac_ops is None else sac_ops
-    need = {"qkv", "attention", "attn_out", "ffn_in"}  # ffn_out's output is not needed by the block's backward
-    return need - set(kinds)
+    return BACKWARD_NEEDS - set(kinds)

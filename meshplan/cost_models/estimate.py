@@ -459,7 +459,7 @@ def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
 
 def _recompute_flops_per_token(lay: Layout) -> float:
     """Model FLOPs (the MFU convention) recompute adds per token, over every block."""
-    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel)
+    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel, lay.compile)
     spec = lay.spec
     if not kinds:
         return 0.0

@@ -173,7 +173,9 @@ def _eager_attention(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
 
 
 def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, elem_fwd: float) -> float:
-    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel)
+    """The forward work run again in backward: the recomputed matmuls (activations.recomputed_kinds: compiled,
+    full AC does not run ffn_out again), the attention core, and the memory-bound kernels between them."""
+    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel, lay.compile)
     if not kinds:
         return 0.0
     spec = lay.spec

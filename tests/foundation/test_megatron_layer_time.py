@@ -96,3 +96,26 @@ def test_table4_differences_have_the_published_size(table4):
         published, predicted = delta(a, b, "published"), delta(a, b, "predicted")
         assert published > 0 and predicted > 0
         assert predicted == pytest.approx(published, rel=0.35), (a, b, published, predicted)
+
+
+def _llama_block(ac: str, compile_: bool):
+    spec = ModelSpec(name="llama-tiny-wide", arch="llama", dim=4096, n_layers=4, n_heads=32, n_kv_heads=8,
+                     ffn_dim=14336, vocab_size=128256, max_seq_len=8192)
+    h100 = load_profile("h100-80g-dgx")
+    lay = Layout(spec=spec, gpus=1, seq_len=8192, global_batch=1, micro_batch=1, dtype="bf16", dp_replicate=1,
+                 dp_shard=1, tp=1, sp=False, async_tp=False, pp=1, schedule="1F1B", v=1, stage_layers=(4,), cp=1,
+                 ac=ac, sac_ops=None, float8=False, reshard_after_forward=True, compile=compile_)
+    return block_time(lay, h100, group_spans(lay, h100)), h100
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_full_recompute_skips_ffn_out_only_when_compiled(compile_):
+    """Eager checkpointing replays the whole forward; compiled, the partitioner recomputes only what the
+    backward reads, and the block's output (w2's, ffn_out) is not among it: w2's 8192 x 14336 -> 4096
+    matmul by hand is what the compiled replay leaves out."""
+    base, prof = _llama_block("none", compile_)
+    full, _ = _llama_block("full", compile_)
+    w2 = matmul_time(prof.device, 8192, 4096, 14336, "bf16")
+    left_out = w2 if compile_ else 0.0
+    assert full.recompute == pytest.approx(base.forward - left_out, rel=1e-9)
+    assert recomputed_kinds("full", None, "llama", compiled=compile_) >= {"qkv", "attention", "attn_out", "ffn_in"}
