@@ -200,7 +200,8 @@ def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
            lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.elementwise_kernels,
            lay.kv_repeated, lay.cp_attention, spans["tp"], spans["cp"])
     # Expert parallelism changes MoE blocks only: a dense model's key stays as it was.
-    return key + (lay.ep, lay.moe_imbalance, spans["dp_shard"]) if lay.spec.is_moe else key
+    overlapped = lay.ep_overlap and lay.n_micro >= 2  # timing.ep_exposed
+    return key + (lay.ep, lay.moe_imbalance, spans["dp_shard"], overlapped) if lay.spec.is_moe else key
 
 
 @dataclass

@@ -66,6 +66,10 @@ class Layout:
     # (moe.routing): 1 where routing is force-balanced; layout_of sets the dropless default for MoE models.
     ep: int = 1
     moe_imbalance: float = 1.0
+    # Whether the stack runs one micro-batch's dispatch and combine all-to-alls under another's compute
+    # (Megatron-Core's overlap_moe_expert_parallel_comm, opt-in; meshplan's runtime and TorchTitan issue
+    # them in line): timing.ep_exposed prices what is left.
+    ep_overlap: bool = False
     # Whether the stack compiles the loss where it compiles the blocks (meshplan's runtime does, by
     # specs/rules.py loss_compiled; TorchTitan 2024 compiled the blocks alone): see loss_compiled.
     compiles_loss: bool = True

@@ -188,6 +188,29 @@ MEGATRON_BRIDGE_MOE = "Megatron-Bridge MoE (B200, GB200)"
 MEGATRON_MOE_OVERRIDES = {"moe_imbalance": 1.0}
 
 
+# Rows whose recipe ran Megatron-Core's EP overlap (overlap_moe_expert_parallel_comm with
+# delay_wgrad_compute), read from each container's Megatron-Bridge recipe: docs/sources/
+# megatron-bridge-moe-recipes.md. From 26.06 the GB200 MXFP8 recipes run it with full-iteration CUDA
+# graphs and sync-free HybridEP (that file, "FI bundle"; e.g. qwen3_workload_base_configs.py at v0.5.0);
+# before, only the three rows named here did.
+EP_OVERLAP_FROM_CONTAINER = (26, 6)
+EP_OVERLAP_ROWS = frozenset({
+    "mb-26.04-gptoss120b-gb200-64g-bf16-gbs1280",  # HybridEP with A2A overlap (Megatron-Bridge v0.4.0)
+    "mb-26.04.01-gptoss120b-gb200-64g-bf16-gbs1280",  # alltoall with overlap (PR #3561)
+    "mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096",  # PP8/VP2/EP32, DeepEP, A2A overlap (PR #3368)
+})
+
+
+def ep_overlapped(row: dict[str, str]) -> bool:
+    """Whether a Megatron-Bridge MoE row's recipe overlapped its all-to-alls (EP_OVERLAP_ROWS)."""
+    m = re.match(r"mb-(\d+)\.(\d+)", row["id"])
+    if m is None:  # Megatron-LM and MoE model-zoo rows: their recipes are not read; Megatron's default is off
+        return False
+    full_iteration = (int(m[1]), int(m[2])) >= EP_OVERLAP_FROM_CONTAINER and row["gpu"] == "GB200" \
+        and row["precision"] == "MXFP8"
+    return full_iteration or row["id"] in EP_OVERLAP_ROWS
+
+
 def moe_blackwell_rows() -> list[PublishedRow]:
     rows = []
     for r in read_published_csv("moe_training_blackwell.csv"):
@@ -214,7 +237,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
         )
         rows.append(PublishedRow(MEGATRON_BRIDGE_MOE, label, plan, "mcore_tflops_per_gpu",
                                  float(r["tflops_per_gpu"]), skipped=skipped,
-                                 layout_overrides=dict(MEGATRON_MOE_OVERRIDES)))
+                                 layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r)}))
     return rows
 
 

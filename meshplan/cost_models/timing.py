@@ -92,9 +92,23 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     if lay.spec.is_moe_layer(layer) and lay.ep > 1:
         r = _routing(lay)
         ep_fwd = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, ep_span(spans, lay.ep, lay.cp, lay.tp))
-        bt.ep_comm = bt.ep_comm_issued = ep_fwd * (bt.forward_passes + 1)
+        bt.ep_comm_issued = ep_fwd * (bt.forward_passes + 1)
+        bt.ep_comm = ep_exposed(lay, bt.ep_comm_issued, bt.forward + bt.backward_input + bt.backward_weight
+                                + bt.recompute)
     _add_host(bt, lay, prof, layer)
     return bt
+
+
+def ep_exposed(lay: Layout, issued: float, compute: float) -> float:
+    """The all-to-all time a block's micro-batch leaves on the critical path. In line (meshplan's runtime,
+    TorchTitan, Megatron-Core by default) all of it. Megatron-Core's EP overlap
+    (overlap_moe_expert_parallel_comm) merges one micro-batch's forward with another's backward, layer by
+    layer, and runs each all-to-all on its own stream under the other's attention, expert and
+    weight-gradient work (with delay_wgrad_compute): what exceeds that window stays exposed. Steady
+    1F1B pairs need two micro-batches; the warm-up and cool-down ones are not priced apart."""
+    if not lay.ep_overlap or lay.n_micro < 2:
+        return issued
+    return max(0.0, issued - compute)
 
 
 def _routing(lay: Layout) -> Routing:

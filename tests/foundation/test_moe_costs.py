@@ -109,6 +109,39 @@ def test_dispatch_and_combine_all_to_alls_by_hand():
     assert block_time(_layout(ep=1), PROF, group_spans(_layout(ep=1), PROF), 0).ep_comm == 0.0
 
 
+def test_megatron_ep_overlap_leaves_what_exceeds_the_blocks_compute():
+    """Megatron-Core's EP overlap hides a micro-batch's all-to-alls under another's compute: exposed is
+    issued - (forward + backward + weight gradient), at least 0, and nothing with one micro-batch."""
+    exposed = []
+    for seq in (128, 4096):
+        lay = _layout(ep=8, seq_len=seq, ep_overlap=True)
+        plain = block_time(lay.with_(ep_overlap=False), PROF, group_spans(lay, PROF), 0)
+        bt = block_time(lay, PROF, group_spans(lay, PROF), 0)
+        compute = plain.forward + plain.backward_input + plain.backward_weight
+        assert bt.ep_comm_issued == plain.ep_comm_issued == plain.ep_comm
+        assert bt.ep_comm == pytest.approx(max(0.0, plain.ep_comm_issued - compute), rel=1e-12, abs=1e-15)
+        exposed.append(bt.ep_comm > 0)
+    assert exposed == [True, False]  # 128 tokens: latency-bound sends outlast the tiny matmuls; 4096: hidden
+    one = _layout(ep=8, ep_overlap=True, global_batch=8)  # one micro-batch per rank: no second to pair with
+    assert one.n_micro == 1
+    bt = block_time(one, PROF, group_spans(one, PROF), 0)
+    assert bt.ep_comm == bt.ep_comm_issued > 0
+
+
+def test_megatron_bridge_rows_overlap_where_their_recipes_did():
+    """docs/sources/megatron-bridge-moe-recipes.md: the 26.06+ GB200 MXFP8 recipes (full iteration) and three
+    earlier rows; every other row issues its all-to-alls in line."""
+    from meshplan.cost_models.published import moe_blackwell_rows
+
+    overlapped = {r.label.rsplit("(", 1)[1].rstrip(")") for r in moe_blackwell_rows() if r.layout_overrides["ep_overlap"]}
+    assert "mb-26.06-qwen3-30b-gb200-8g-mxfp8-gbs512" in overlapped
+    assert "mb-26.08-dsv3-gb200-256g-mxfp8-gbs4096" in overlapped
+    assert "mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096" in overlapped
+    assert "mb-26.04.01-qwen3-30b-gb200-8g-mxfp8-gbs512" not in overlapped  # per-layer graphs, in-line all-to-alls
+    assert "mb-25.11-qwen3-235b-gb200-256g-bf16-gbs8192" not in overlapped
+    assert not any(i.startswith(("mlm-", "mz-")) for i in overlapped)
+
+
 def test_all_to_all_across_nodes_goes_through_each_ranks_own_nic():
     from meshplan.cost_models.comm import collective_time
 
