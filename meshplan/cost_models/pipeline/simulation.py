@@ -1,5 +1,6 @@
 """The timing of a pipeline schedule: its actions (schedule.py) run as a list scheduler over given
-per-stage durations.
+per-stage durations (fixed_order.py runs the same loop faster where every rank's orders are fixed
+and backward is not split).
 
 `simulate` returns every block (rank, stage, micro-batch, kind, start, end), the makespan, bubble and
 activations in flight. The same events drive the step time in the estimate, the runtime's
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NamedTuple
 
+from meshplan.cost_models.pipeline.fixed_order import is_fixed_order, run_fixed_order
 from meshplan.cost_models.pipeline.schedule import Schedule, build_schedule
 from meshplan.cost_models.pipeline.state import State, actions, candidates_of, picker, ready_times
 
@@ -81,6 +83,9 @@ def simulate(schedule: str, pp: int, v: int, n_micro: int, f: list[float], b: li
     st = State(sched, f, b, w, p2p, kept, held_limit, w_memory_share)
     result = ScheduleResult(schedule, pp, v, n_micro, busy=[0.0] * pp, peak_in_flight=[0.0] * pp,
                             phases=[[None] * (2 * len(ra.stages) + 2) for ra in sched.ranks])
+    if is_fixed_order(sched):
+        run_fixed_order(sched, st, result, keep_blocks, Block)
+        return result
     pick = picker(sched, st, candidates_of(sched, st, *ready_times(sched, st)))
     return _run(sched, pick, actions(sched, st), _recorder(st, result, keep_blocks), result)
 
