@@ -21,7 +21,8 @@ from meshplan.specs.model import ModelSpec
 
 def layer_costs(spec, bts: dict) -> list[float]:
     """Each layer's F+B+W per micro-batch, from its kind's block time (estimate.block_times)."""
-    return [bts[spec.representative_layer(i)].total for i in range(spec.n_layers)]
+    totals = {layer: bt.total for layer, bt in bts.items()}
+    return [totals[rep] for rep in spec.representatives()]
 
 
 class Bounds:

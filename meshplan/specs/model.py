@@ -110,7 +110,16 @@ class ModelSpec:
 
     def representative_layer(self, layer: int) -> int:
         """The first layer of `layer`'s kind: the one the cost model prices for every layer of that kind."""
-        return self.block_kinds()[self.block_kind(layer)][0]
+        return self.representatives()[layer]
+
+    def representatives(self) -> tuple[int, ...]:
+        """representative_layer of every layer, in layer order (kept on the frozen spec, as block_kinds)."""
+        reps = self.__dict__.get("_representatives")
+        if reps is None:
+            kinds = self.block_kinds()
+            reps = tuple(kinds[self.block_kind(layer)][0] for layer in range(self.n_layers))
+            object.__setattr__(self, "_representatives", reps)
+        return reps
 
     def block_kinds(self) -> dict[tuple[bool, int | None], list[int]]:
         """The model's layers grouped by block_kind, in layer order (one group for a uniform model)."""
