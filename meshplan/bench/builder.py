@@ -105,7 +105,9 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
         "memory_bandwidth_gbs": sig(raw.copy_gbs),
         "matmul": {"max_fraction": {dt: sig(v) for dt, v in mm_fit.max_fraction.items()},
                    "half_dim": sig(mm_fit.half_dim) if mm_fit.half_dim >= 0.01 else 0.0,  # no small-dim drop
-                   "points": [round_pt(p) for p in sorted(raw.matmul_points, key=lambda p: (p["dtype"], p["m"], p["n"], p["k"]))]},
+                   "points": [round_pt(p) for p in sorted(raw.matmul_points, key=lambda p: (p["dtype"], p["m"], p["n"], p["k"]))],
+                   "grouped_points": [round_pt(p) for p in sorted(raw.grouped_points,
+                                                                  key=lambda p: (p["dtype"], p["n"], p["k"], p["m"]))]},
         "attention": {"max_fraction": sig(att_fit.max_fraction), "half_seq": sig(att_fit.half_seq) if att_fit.half_seq >= 0.01 else 0.0,
                       "backward_ratio": sig(bwd_ratio),
                       "points": [round_pt(p) for p in sorted(raw.attention_points, key=lambda p: (p["dtype"], p["head_dim"], p["seq_len"]))]},
@@ -120,6 +122,7 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
         "device.matmul": f"measured: {_matmul_ops(raw.dtypes)} over {len(raw.matmul_points)} (shape, dtype) points from transformer "
                          f"projections at TP degrees; median over ranks run concurrently; fit rms log error "
                          f"{mm_fit.rms_log_error:.3f}" + ("; " + "; ".join(raw.notes) if raw.notes else ""),
+        "device.matmul.grouped_points": _grouped_source(raw.grouped_points),
         "device.attention": f"measured: F.scaled_dot_product_attention(is_causal=True) in {_dtypes_of(raw.attention_points)}; "
                             "points' tflops = forward rate, forward FLOPs = 2*b*h*s^2*d (causal half of 4*b*h*s^2*d); "
                             "backward FLOPs = 2.5 x forward, timed as (fwd+bwd) - fwd; backward_ratio = median "
@@ -137,6 +140,15 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
     }
     prov["overheads.in_step"] = _in_step_source(raw)
     return device, prov
+
+
+def _grouped_source(points: list[dict]) -> str:
+    if not points:
+        return "not measured (time budget): routed experts priced as one matmul per expert"
+    kernels = " and ".join(sorted({p["kernel"] for p in points}))
+    return (f"measured: the routed experts' GEMMs as the runtime runs them ({kernels}: torch._grouped_mm, or a "
+            f"loop of matmuls where the device has no grouped kernel), {len(points)} (groups, tokens per group, "
+            "n, k, dtype) points at MoE models' expert widths; median over ranks run concurrently")
 
 
 def _matmul_ops(dtypes: list[str]) -> str:

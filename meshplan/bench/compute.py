@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from meshplan.bench.env import BenchEnv
 from meshplan.bench.progress import Reporter
 from meshplan.bench.timing import Budget, time_local
+from meshplan.specs.rules import grouped_mm_kernel
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # fp8 tensor cores: Ada (8.9) and Hopper (9.0) and later; torch._scaled_mm refuses fp8 below 8.9
@@ -122,6 +123,45 @@ def bench_matmul(env: BenchEnv, shapes: list[tuple[int, int, int]], dtypes: list
                 tflops, spread = _matmul_once(m, n, k, TORCH_DTYPES[dt], env.device, settings, env.sync)
             est_tflops[dt] = max(est_tflops[dt] * 0.5, tflops)  # keep the cost estimate near reality
             points.append({"m": m, "n": n, "k": k, "dtype": dt, "tflops": tflops, "spread": spread})
+            rep.advance(cost)
+    return points
+
+
+def _grouped_matmul_once(groups: int, m: int, n: int, k: int, dtype: torch.dtype, env: BenchEnv,
+                         settings: ComputeSettings, kernel: bool) -> tuple[float, float]:
+    """(median TFLOP/s, spread) of `groups` (m, k) @ (k, n) products as the runtime's GroupedExperts runs
+    them: its (groups, out, in) weights transposed, one torch._grouped_mm where `kernel`, else a loop."""
+    x = torch.randn(groups * m, k, dtype=dtype, device=env.device)
+    w = torch.randn(groups, n, k, dtype=dtype, device=env.device).transpose(-2, -1)
+    offsets = torch.arange(1, groups + 1, dtype=torch.int32, device=env.device) * m
+    parts = x.split(m)
+
+    def run() -> None:
+        if kernel:
+            torch._grouped_mm(x, w, offs=offsets)
+        else:
+            torch.cat([p @ w[e] for e, p in enumerate(parts)])
+
+    meas = time_local(run, env.sync, settings.target_s, settings.min_reps)
+    return 2.0 * groups * m * n * k / meas.median_s / 1e12, meas.spread
+
+
+def bench_grouped_matmul(env: BenchEnv, shapes: list[tuple[int, int, int, int]], dtypes: list[str],
+                         settings: ComputeSettings, budget: Budget, rep: Reporter,
+                         est_tflops: dict[str, float]) -> list[dict]:
+    """TFLOP/s of the routed experts' grouped GEMMs per (groups, tokens per group, n, k) and dtype."""
+    capability = torch.cuda.get_device_capability(env.device) if env.is_cuda else None
+    points = []
+    for dt in dtypes:
+        kernel = grouped_mm_kernel(env.device.type, dt, capability)
+        for g, m, n, k in shapes:
+            cost = matmul_cost(g * m, n, k, est_tflops[dt], settings)
+            if not env.agree(budget.allows(cost)):
+                rep.skip(f"grouped matmul {dt} {g}x{m}x{n}x{k} and later shapes (time budget)")
+                break
+            tflops, spread = _grouped_matmul_once(g, m, n, k, TORCH_DTYPES[dt], env, settings, kernel)
+            points.append({"groups": g, "m": m, "n": n, "k": k, "dtype": dt, "tflops": tflops, "spread": spread,
+                           "kernel": "grouped_mm" if kernel else "loop"})
             rep.advance(cost)
     return points
 

@@ -50,6 +50,33 @@ def matmul_grid(cuda: bool, quick: bool) -> list[tuple[int, int, int]]:
     return [big] + ordered
 
 
+# Routed experts' grouped GEMMs (runtime/moe.py GroupedExperts): (experts on a rank, tokens per expert,
+# out, in) for gate/up (in = hidden) and down (out = hidden). GPUs: Qwen3-30B-A3B (2048, 768),
+# Qwen3-235B-A22B (4096, 1536) and DeepSeek-V3 (7168, 2048) widths (their config.json); CPUs: the
+# tiny MoE models' widths (256, 512).
+GPU_EXPERT_WIDTHS, CPU_EXPERT_WIDTHS = ((2048, 768), (4096, 1536), (7168, 2048)), ((256, 512),)
+GPU_EXPERT_TOKENS, CPU_EXPERT_TOKENS = (64, 256, 1024, 4096), (16, 64, 256)
+GPU_GROUPS, CPU_GROUPS = 8, 4
+
+
+def grouped_grid(cuda: bool, quick: bool) -> list[tuple[int, int, int, int]]:
+    """(groups, tokens per group, n, k) of the routed experts' GEMMs, in a fixed shuffled order (a budget
+    cut keeps thin and thick groups alike); --quick keeps about half."""
+    widths, tokens, groups = ((GPU_EXPERT_WIDTHS, GPU_EXPERT_TOKENS, GPU_GROUPS) if cuda
+                              else (CPU_EXPERT_WIDTHS, CPU_EXPERT_TOKENS, CPU_GROUPS))
+    shapes = sorted({(groups, m, n, k) for d, w in widths for m in tokens for n, k in ((w, d), (d, w))})
+    random.Random(0).shuffle(shapes)
+    return shapes[: (len(shapes) + 1) // 2] if quick else shapes
+
+
+def grouped_matmul_dtypes(dtypes: list[str], cuda: bool) -> list[str]:
+    """The dtypes MoE layers train in where measured: bf16 on a GPU (float8 grouped GEMMs are refused,
+    specs/rules.py), every measured dtype but fp8 on a CPU."""
+    if cuda:
+        return [dt for dt in dtypes if dt == "bf16"]
+    return [dt for dt in dtypes if dt != "fp8"]
+
+
 def attention_dtypes(dtypes: list[str], cuda: bool) -> tuple[str, list[str]]:
     """(the dtype attention's max_fraction is fitted in, every dtype it is measured in). A GPU trains
     attention in bf16; a CPU run may train in fp32 or bf16, and its bf16 attention kernels do not

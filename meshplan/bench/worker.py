@@ -19,7 +19,8 @@ from meshplan.bench import compute
 from meshplan.bench.env import BenchEnv, init_env, shutdown
 from meshplan.bench.memory import MemoryResult, measure_memory
 from meshplan.bench.progress import Reporter
-from meshplan.bench.shapes import attention_dtypes, attention_head_dims, attention_seq_lens, matmul_grid
+from meshplan.bench.shapes import (attention_dtypes, attention_head_dims, attention_seq_lens, grouped_grid,
+                                   grouped_matmul_dtypes, matmul_grid)
 from meshplan.bench.timing import Budget
 
 COMPUTE_SHARE = 0.35  # of the time budget, the rest goes to collectives
@@ -59,6 +60,7 @@ class RawResults:
     host: HostCosts = HostCosts()  # per-op host costs (bench/host.py), medians over ranks; 0 on a GPU
     fsdp_steps: dict | None = None  # a small FSDP2 model's steps, sharded and not (CPU worlds of 2+; in_step.py)
     pipeline_steps: list[dict] = field(default_factory=list)  # CPU worlds of 2+ processes (bench/pipeline.py)
+    grouped_points: list[dict] = field(default_factory=list)  # routed experts' grouped GEMMs (compute.py)
 
 
 def _median_over_ranks(points: list[dict], keys: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[dict]:
@@ -93,11 +95,16 @@ def _compute_section(env: BenchEnv, opts: WorkerOptions, budget: Budget, rep: Re
     seqs = attention_seq_lens(env.is_cuda, opts.quick)
     head_dims = attention_head_dims(env.is_cuda, opts.quick)
     est = {dt: GPU_EST_TFLOPS.get(dt, 40.0) if env.is_cuda else (0.05 if dt == "fp32" else 0.01) for dt in dtypes}
+    grouped_shapes = grouped_grid(env.is_cuda, opts.quick)
+    grouped_dtypes = grouped_matmul_dtypes(dtypes, env.is_cuda)
     total = sum(compute.matmul_cost(m, n, k, est[dt], settings) for dt in dtypes for m, n, k in shapes)
+    total += sum(compute.matmul_cost(g * m, n, k, est[dt], settings) for dt in grouped_dtypes
+                 for g, m, n, k in grouped_shapes)
     att_dtype, att_dtypes = attention_dtypes(dtypes, env.is_cuda)
     rep.start("matmul + attention", total + len(seqs) * len(head_dims) * len(att_dtypes) * settings.target_s * 3)
     # shares of the compute budget, so a tight budget still leaves attention and bandwidth some points
     matmul = compute.bench_matmul(env, shapes, dtypes, settings, budget.section(0.6), rep, est)
+    grouped = compute.bench_grouped_matmul(env, grouped_shapes, grouped_dtypes, settings, budget.section(0.3), rep, est)
     attention, att_budget = [], budget.section(0.75)
     for i, dt in enumerate(att_dtypes):  # each dtype gets an equal share of what is left
         share = att_budget.section(1.0 / (len(att_dtypes) - i))
@@ -106,6 +113,7 @@ def _compute_section(env: BenchEnv, opts: WorkerOptions, budget: Budget, rep: Re
     eff = compute.bench_elementwise_efficiency(env, settings, copy_gbs)
     rep.stop()
     return (dtypes, notes, _median_over_ranks(matmul, ("m", "n", "k", "dtype")),
+            _median_over_ranks(grouped, ("groups", "m", "n", "k", "dtype")),
             _median_over_ranks(attention, ("seq_len", "head_dim", "dtype"), extra=("bwd_tflops",)), att_dtype, _scalar_median(copy_gbs),
             _scalar_median(eff))
 
@@ -132,7 +140,8 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     memory = measure_memory(env)
     memory = MemoryResult(memory.memory_gib, _scalar_min(memory.usable_gib), _scalar_median(memory.context_gib),
                           memory.source)
-    dtypes, notes, mm, att, att_dtype, copy_gbs, eff = _compute_section(env, opts, budget.section(COMPUTE_SHARE), rep)
+    dtypes, notes, mm, grouped, att, att_dtype, copy_gbs, eff = _compute_section(env, opts,
+                                                                              budget.section(COMPUTE_SHARE), rep)
     # The cost model adds host time in line with the compute (cost_models/host.py): right on a CPU,
     # where the host is the device; on a GPU the host runs ahead of the kernels and it stays 0.
     host = HostCosts() if env.is_cuda else bench_host_dispatch(env, 0.1 if opts.quick else 0.3, 5)
@@ -144,7 +153,7 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     pipeline = measure_pipeline_steps(env, opts.quick) if in_step else []
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
     return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
-                      time.time() - start, host, fsdp, pipeline)
+                      time.time() - start, host, fsdp, pipeline, grouped)
 
 
 def _scalar_min(value: float) -> float:

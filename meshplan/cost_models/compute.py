@@ -30,6 +30,18 @@ def matmul_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> f
     return min(compute_bound, _memory_bound_tflops(device, m, n, k, dtype))
 
 
+def grouped_matmul_time(device: Device, groups: int, m: float, n: float, k: float, dtype: str) -> float:
+    """Seconds per group of `groups` (m x k) @ (k x n) products run as one grouped GEMM (an MoE layer's
+    routed experts, m tokens each): at the profile's measured grouped rate where it has grouped points in
+    this dtype, interpolated over (groups, m, n, k); else each product as a matmul of its own shape."""
+    points = [p for p in device.matmul.grouped_points if p.get("dtype") == compute_dtype(dtype, device)]
+    if not points or m <= 0:
+        return matmul_time(device, m, n, k, dtype)
+    shapes = tuple((p["groups"], p["m"], p["n"], p["k"], p["tflops"]) for p in points)
+    tflops = device.sustained_fraction * _interpolate_points(shapes, groups, m, n, k)
+    return 2.0 * m * n * k / (tflops * 1e12)
+
+
 # float8 matmuls (torch._scaled_mm) write their output in bf16; the others in their own dtype.
 _OUTPUT_DTYPE = {"fp8": "bf16"}
 
@@ -45,13 +57,14 @@ def _memory_bound_tflops(device: Device, m: float, n: float, k: float, dtype: st
 
 @lru_cache(maxsize=256)
 def _points_array(points: tuple) -> np.ndarray:
-    return np.log2(np.array([p[:3] for p in points], dtype=float)), np.array([p[3] for p in points], dtype=float)
+    return np.log2(np.array([p[:-1] for p in points], dtype=float)), np.array([p[-1] for p in points], dtype=float)
 
 
-def _interpolate_points(points: tuple, m: float, n: float, k: float) -> float:
-    """Inverse-distance weighting in log2(m, n, k) over measured points (exact at a measured shape)."""
+def _interpolate_points(points: tuple, *shape: float) -> float:
+    """Inverse-distance weighting in log2 of the shape (m, n, k; grouped: groups, m, n, k) over measured
+    points (exact at a measured shape)."""
     xyz, tflops = _points_array(points)
-    q = np.log2([max(m, 1.0), max(n, 1.0), max(k, 1.0)])
+    q = np.log2([max(x, 1.0) for x in shape])
     dist = np.sqrt(((xyz - q) ** 2).sum(axis=1))
     nearest = int(dist.argmin())
     if dist[nearest] < 1e-9:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost_models.comm import GroupSpan, collective_time
-from meshplan.cost_models.compute import matmul_time
+from meshplan.cost_models.compute import grouped_matmul_time
 from meshplan.cost_models.saved_tensor import ActivationTensor
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.model import ModelSpec
@@ -54,13 +54,14 @@ def routing(spec: ModelSpec, tokens: float, tp: int, ep: int, imbalance: float) 
 
 
 def routed_expert_times(spec: ModelSpec, r: Routing, prof: ClusterProfile, dtype: str) -> dict[str, float]:
-    """Forward seconds of the local experts' grouped GEMMs by matmul kind: per expert, gate and up
-    (dim -> width) and down (width -> dim) over the tokens routed to it, each timed as the matmul of that
-    shape (compute.matmul_time: thin groups fall to the memory roofline)."""
+    """Forward seconds of the local experts' grouped GEMMs by matmul kind: gate and up (dim -> width) and
+    down (width -> dim), each expert over the tokens routed to it, at the grouped GEMM's rate for that many
+    tokens per expert (compute.grouped_matmul_tflops: measured where the profile has grouped points, else
+    each expert as a matmul of its shape, thin groups falling to the memory roofline)."""
     d, m, w = spec.dim, r.tokens_per_expert, r.width
     n = r.local_experts
-    return {"expert_in": n * 2 * matmul_time(prof.device, m, w, d, dtype),
-            "expert_out": n * matmul_time(prof.device, m, d, w, dtype)}
+    return {"expert_in": n * 2 * grouped_matmul_time(prof.device, n, m, w, d, dtype),
+            "expert_out": n * grouped_matmul_time(prof.device, n, m, d, w, dtype)}
 
 
 def dispatch_bytes(spec: ModelSpec, r: Routing, act_bytes: float) -> float:

@@ -27,6 +27,9 @@ class MatmulModel:
     max_fraction: dict[str, float]
     half_dim: float = 96.0
     points: list[dict[str, Any]] = field(default_factory=list)
+    # Measured (optional): the routed experts' grouped GEMMs, {groups, m (tokens per group), n, k, dtype,
+    # tflops}; where present they price an MoE layer's experts (cost_models/compute.py), else one matmul each.
+    grouped_points: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -258,6 +261,7 @@ def _device(raw: Any, where: str) -> Device:
         max_fraction={k: _fraction(v, f"{where}.matmul.max_fraction.{k}") for k, v in mm_frac.items()},
         half_dim=as_float(mm.get("half_dim", 96.0), f"{where}.matmul.half_dim", 0.0),
         points=_points(mm.get("points"), f"{where}.matmul.points", ("m", "n", "k")),
+        grouped_points=_points(mm.get("grouped_points"), f"{where}.matmul.grouped_points", ("groups", "m", "n", "k")),
     )
     at = require_mapping(raw["attention"], f"{where}.attention")
     reject_unknown(at, AttentionModel.__dataclass_fields__, f"{where}.attention")

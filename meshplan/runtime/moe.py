@@ -32,6 +32,7 @@ from torch import nn
 
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.moe import MoESpec
+from meshplan.specs.rules import grouped_mm_kernel
 
 # Qwen3-MoE's router_aux_loss_coef (its config.json); Switch Transformer used 1e-2, Mixtral 2e-2.
 AUX_LOSS_COEF = 1e-3
@@ -72,11 +73,9 @@ class SumOverGroup(torch.autograd.Function):
 
 
 def grouped_mm_runs(x: torch.Tensor) -> bool:
-    """Whether torch._grouped_mm takes these activations: on a CPU, any float dtype; on CUDA, bf16 on
-    compute capability 9.0 or later (Hopper's grouped GEMM kernels; older GPUs take the loop)."""
-    if x.device.type == "cpu":
-        return True
-    return x.device.type == "cuda" and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    """Whether torch._grouped_mm takes these activations (specs/rules.py grouped_mm_kernel)."""
+    capability = torch.cuda.get_device_capability(x.device) if x.device.type == "cuda" else None
+    return grouped_mm_kernel(x.device.type, "bf16" if x.dtype == torch.bfloat16 else str(x.dtype), capability)
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:

@@ -273,6 +273,19 @@ def ep_reason(spec: ModelSpec, ep: int, dp_shard: int, cp: int, tp: int) -> str 
     return None
 
 
+GROUPED_MM_MIN_CAPABILITY = (9, 0)  # Hopper's grouped GEMM kernels: torch._grouped_mm's bf16 path on CUDA
+
+
+def grouped_mm_kernel(device_type: str, dtype: str, capability: tuple[int, int] | None) -> bool:
+    """Whether the routed experts run as one torch._grouped_mm (the runtime's GroupedExperts, and what
+    profile-cluster times): on a CPU in any float dtype; on CUDA in bf16 from compute capability 9.0.
+    Elsewhere the runtime loops over the experts, one matmul each."""
+    if device_type == "cpu":
+        return True
+    return device_type == "cuda" and dtype == "bf16" and capability is not None \
+        and tuple(capability) >= GROUPED_MM_MIN_CAPABILITY
+
+
 def ep_fsdp(ep: int, dp_shard: int, cp: int, tp: int) -> int:
     """Ranks the routed experts are FSDP-sharded over (TorchTitan's efsdp): the rest of dp_shard x cp x tp
     once EP has taken its part; with ep = 1 the experts are TP-sharded and FSDP shards over dp_shard x cp."""

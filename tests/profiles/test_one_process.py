@@ -32,6 +32,9 @@ def test_one_process_measures_the_device_and_borrows_collectives(tmp_path):
     assert "taken from the built-in cpu-gloo" in got.provenance["collectives"]
     # The device itself was measured here: matmul points and a host cost per op.
     assert got.device.matmul.points and got.overheads.op_dispatch_s > 0
+    # The routed experts' grouped GEMMs, with the kernel the runtime takes on a CPU.
+    assert got.device.matmul.grouped_points
+    assert all(p["kernel"] == "grouped_mm" and p["tflops"] > 0 for p in got.device.matmul.grouped_points)
     assert got.overheads.checkpoint_op_s > 0 and got.overheads.sac_op_s > 0
     # Attention in every dtype a CPU run can train in, at a small model's head and a large one's
     series = {(p["dtype"], p["head_dim"]) for p in got.device.attention.points}

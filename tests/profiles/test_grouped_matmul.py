@@ -1,0 +1,120 @@
+"""profile-cluster times the routed experts' grouped GEMMs as the runtime runs them, and the cost model
+prices an MoE layer's experts at the measured rate for their tokens per expert."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from meshplan.bench import compute
+from meshplan.bench.builder import _device_section
+from meshplan.bench.env import BenchEnv
+from meshplan.bench.memory import MemoryResult
+from meshplan.bench.shapes import grouped_grid, grouped_matmul_dtypes
+from meshplan.bench.timing import Budget
+from meshplan.bench.worker import RawResults
+from meshplan.cost_models.compute import grouped_matmul_time, matmul_time
+from meshplan.cost_models.moe import routed_expert_times, routing
+from meshplan.errors import InputError
+from meshplan.profiles.registry import load_profile
+from meshplan.profiles.schema import _device
+from meshplan.specs.registry import resolve_model
+from meshplan.specs.rules import grouped_mm_kernel
+
+class _OneProcess(BenchEnv):
+    def agree(self, value: bool) -> bool:  # no process group in a unit test: this process decides alone
+        return value
+
+
+CPU = _OneProcess(rank=0, world=1, local_rank=0, local_world=1, nnodes=1, backend="gloo", device=torch.device("cpu"))
+
+
+class _Quiet:
+    def skip(self, what: str) -> None:
+        raise AssertionError(f"nothing should be skipped without a deadline: {what}")
+
+    def advance(self, cost: float) -> None:
+        pass
+
+
+@pytest.mark.parametrize("device,dtype,capability,expected", [
+    ("cpu", "fp32", None, True), ("cpu", "bf16", None, True), ("cuda", "bf16", (9, 0), True),
+    ("cuda", "bf16", (10, 0), True), ("cuda", "bf16", (8, 0), False), ("cuda", "fp32", (9, 0), False)])
+def test_where_the_grouped_kernel_runs(device, dtype, capability, expected):
+    assert grouped_mm_kernel(device, dtype, capability) is expected
+
+
+def test_grid_has_both_projections_at_every_token_count():
+    full = grouped_grid(cuda=True, quick=False)
+    assert len(full) == 3 * 4 * 2 and all(g == 8 for g, *_ in full)
+    assert (8, 1024, 1536, 4096) in full and (8, 1024, 4096, 1536) in full  # Qwen3-235B gate/up and down
+    assert len(grouped_grid(cuda=True, quick=True)) == 12
+    assert grouped_matmul_dtypes(["bf16", "fp8", "fp32"], cuda=True) == ["bf16"]
+    assert grouped_matmul_dtypes(["fp32", "bf16"], cuda=False) == ["fp32", "bf16"]
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_grouped_point_runs_the_kernel_and_the_loop(kernel):
+    settings = compute.ComputeSettings(target_s=0.01, min_reps=2)
+    tflops, spread = compute._grouped_matmul_once(4, 16, 64, 32, torch.float32, CPU, settings, kernel)
+    assert tflops > 0 and spread >= 0
+
+
+def test_bench_records_each_shape_with_its_kernel():
+    settings = compute.ComputeSettings(target_s=0.01, min_reps=2)
+    shapes = [(4, 16, 64, 32), (4, 64, 32, 64)]
+    points = compute.bench_grouped_matmul(CPU, shapes, ["fp32"], settings, Budget(None), _Quiet(), {"fp32": 0.05})
+    assert [(p["groups"], p["m"], p["n"], p["k"]) for p in points] == shapes
+    assert all(p["kernel"] == "grouped_mm" and p["dtype"] == "fp32" and p["tflops"] > 0 for p in points)
+
+
+def _measured_device(grouped: list[dict]):
+    mm = [{"m": m, "n": n, "k": k, "dtype": "bf16", "tflops": 600.0, "spread": 0.01}
+          for m, n, k in ((8192, 8192, 8192), (2048, 1536, 4096))]
+    att = [{"seq_len": s, "batch": 1, "heads": 32, "head_dim": 128, "dtype": "bf16", "tflops": 300.0,
+            "bwd_tflops": 250.0, "spread": 0.01} for s in (1024, 4096)]
+    raw = RawResults("NVIDIA H100 80GB HBM3", ["bf16", "fp32"], mm, att, "bf16", 2600.0, 0.8,
+                     MemoryResult(79.2, 78.0, 0.5, "test"), [], [], [], 1.0, grouped_points=grouped)
+    env = replace(CPU, device=torch.device("cuda", 0), backend="nccl")
+    device, prov = _device_section(raw, env)
+    return _device(device, "device"), prov
+
+
+def test_measured_grouped_rate_prices_the_routed_experts():
+    """Qwen3-235B-A22B on EP 16: 8 local experts. At a measured (groups, tokens per expert, n, k) the
+    experts' time is 2 x groups x m x n x k FLOPs at that rate, by hand."""
+    grouped = [{"groups": 8, "m": m, "n": n, "k": k, "dtype": "bf16", "tflops": rate, "spread": 0.01,
+                "kernel": "grouped_mm"}
+               for m, rate in ((256, 150.0), (1024, 420.0)) for n, k in ((1536, 4096), (4096, 1536))]
+    device, prov = _measured_device(grouped)
+    assert "torch._grouped_mm" in prov["device.matmul.grouped_points"]
+    spec = resolve_model("qwen3-235b-a22b")
+    r = routing(spec, tokens=1024, tp=1, ep=16, imbalance=1.0)  # 1024 x top-8 pairs over 8 local experts
+    assert (r.local_experts, r.tokens_per_expert, r.width) == (8, 1024.0, 1536)
+    prof = replace(load_profile("h100-80g-dgx"), device=device)
+    got = routed_expert_times(spec, r, prof, "bf16")
+    one = 2.0 * 8 * 1024 * 1536 * 4096 / (420.0e12 * device.sustained_fraction)
+    assert got["expert_in"] == pytest.approx(2 * one, rel=1e-9)
+    assert got["expert_out"] == pytest.approx(one, rel=1e-9)
+    # Thinner groups run slower: between the two measured token counts, the rate lies between theirs.
+    t = grouped_matmul_time(device, 8, 512, 1536, 4096, "bf16")
+    assert 2 * 512 * 1536 * 4096 / (420.0e12) < t < 2 * 512 * 1536 * 4096 / (150.0e12)
+
+
+def test_without_grouped_points_each_expert_is_a_matmul():
+    prof = load_profile("h100-80g-dgx")
+    assert not prof.device.matmul.grouped_points
+    assert grouped_matmul_time(prof.device, 8, 300, 1536, 4096, "bf16") == matmul_time(prof.device, 300, 1536,
+                                                                                        4096, "bf16")
+
+
+def test_a_grouped_point_without_its_groups_is_a_one_line_error():
+    device, _ = _measured_device([])
+    raw = {"name": "x", "memory_gib": 80, "peak_tflops": {"bf16": 989.0}, "memory_bandwidth_gbs": 3000,
+           "matmul": {"max_fraction": {"bf16": 0.8}, "grouped_points": [{"m": 64, "n": 8, "k": 8, "tflops": 1.0}]},
+           "attention": {"max_fraction": 0.5}}
+    with pytest.raises(InputError) as e:
+        _device(raw, "device")
+    assert "device.matmul.grouped_points[0].groups" in str(e.value)
