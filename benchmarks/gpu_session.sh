@@ -11,6 +11,7 @@
 # tensors of one block (benchmarks/saved_tensors.py) and a profiled step of the pick and of AC full
 # (their top ops by GPU time): about 2 more minutes, so keep MOE_BUDGET_S + BUDGET_S + 150 under the
 # call's limit (540 s).
+# benchmarks/grouped_gemm.py times the MoE grouped GEMM grid (about 20 s) between the two.
 # Outputs go to $OUT (the device tool's folder), or benchmarks/results when run elsewhere.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,8 @@ if [ "${MOE_BUDGET_S:-90}" != 0 ]; then
     --out "$out/moe" --work /tmp/gpu_truth_moe || echo "moe-1b gpu_truth failed"
   mkdir -p "$out/moe" && tar czf "$out/moe/gpu_truth_logs.tgz" -C /tmp/gpu_truth_moe runs plans 2>/dev/null
 fi
+# The routed experts' grouped GEMMs against the built-in profile's per-expert matmuls (issue 28; ~20 s).
+timeout 60 python3 benchmarks/grouped_gemm.py --quick --out "$out" > /dev/null 2>&1 || echo "grouped_gemm failed"
 python3 benchmarks/gpu_truth.py --no-profile --models "${MODELS:-llama3.2-3b}" --top "${TOP:-3}" \
   --variants activation_checkpointing=full --steps 6 --budget-s "${BUDGET_S:-270}" --out "$out" --work "$work"
 status=$?
