@@ -63,16 +63,28 @@ class Peaks:
     def _held_limit(self, lay: Layout, r: int) -> float:
         cap = lay.n_micro * lay.v  # no rank holds more than all its (stage, micro-batch) pairs
 
-        def fits(h: int) -> bool:
-            return rank_memory(lay, r, float(h), self.prof.overheads, accumulating=0,
-                               loss_live=False).total / GIB <= self.usable
+        def gib(h: int) -> float:
+            return rank_memory(lay, r, float(h), self.prof.overheads, accumulating=0, loss_live=False).total / GIB
 
-        if fits(cap):
+        top, bottom = gib(cap), gib(0)
+        if top <= self.usable:
             return float("inf")
-        if not fits(0):
+        if bottom > self.usable:
             return -1.0
         lo, hi = 0, cap  # fits(lo), not fits(hi)
+        # Memory is about linear in the sets held: the line through both ends nearly always names the
+        # last set that fits, and two checks confirm it (fits is monotone, so that is the bisection's
+        # answer); where it does not, bisect from the narrowed interval.
+        g = min(cap - 1, max(0, int((self.usable - bottom) / (top - bottom) * cap)))
+        if gib(g) <= self.usable:
+            lo = g
+            if g + 1 < cap:
+                lo, hi = (g + 1, hi) if gib(g + 1) <= self.usable else (lo, g + 1)
+        else:
+            hi = g  # g > 0: fits(0)
+            if g - 1 > 0:
+                lo, hi = (g - 1, hi) if gib(g - 1) <= self.usable else (lo, g - 1)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+            lo, hi = (mid, hi) if gib(mid) <= self.usable else (lo, mid)
         return float(lo)
