@@ -21,6 +21,9 @@ class Stack:
     compiles_loss: bool  # the loss compiled with the blocks (Layout.compiles_loss)
     grad_sync: str  # every_microbatch | last_microbatch (Layout.grad_sync)
     sources: tuple[str, ...]
+    # pytorch (eager ops, fused by torch.compile where the plan compiles) | megatron (the stack's own fused
+    # kernels, compiled or not): Layout.elementwise_kernels
+    elementwise_kernels: str = "pytorch"
 
 
 STACKS: dict[str, Stack] = {
@@ -37,14 +40,19 @@ STACKS: dict[str, Stack] = {
          "gradients reduced once per step, at the last micro-batch (DistributedDataParallel's no_sync over "
          "micro-batches; the distributed optimizer)",
          "cross-entropy unfused by default (ModelParallelConfig.cross_entropy_loss_fusion False): priced as "
-         "the eager loss; recipes that turn Transformer Engine's fused one on are not told apart")),
+         "the eager loss; recipes that turn Transformer Engine's fused one on are not told apart",
+         "fused elementwise kernels as the performance recipes switch them on (TransformerConfig "
+         "apply_rope_fusion, bias_activation_fusion, bias_dropout_fusion; Transformer Engine's RMSNorm): "
+         "each reads its inputs and writes its outputs once (timing.MEGATRON_CORE_LLAMA_PASSES), with or "
+         "without torch.compile"),
+        elementwise_kernels="megatron"),
 }
 
 
 def stack_changes(stack: str, ac: str, sac_ops) -> dict:
     """Layout fields that `stack` sets on a plan's layout (layout.layout_of)."""
     s = STACKS[stack]
-    out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync}
+    out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync, "elementwise_kernels": s.elementwise_kernels}
     if ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out

@@ -215,7 +215,9 @@ def elementwise_times(lay: Layout, prof: ClusterProfile, layer: int | None = Non
     """(forward, backward) seconds of block `layer`'s (default: the last) memory-bound elementwise kernels."""
     dev = prof.device
     if lay.elementwise_kernels == "megatron":
-        fwd, bwd = _megatron_elementwise_bytes(lay)
+        layer = lay.spec.n_layers - 1 if layer is None else layer
+        fwd, bwd = (_megatron_elementwise_bytes(lay) if lay.spec.arch == "gpt"
+                    else _megatron_core_llama_elementwise_bytes(lay, layer))
         return memory_bound_time(dev, fwd), memory_bound_time(dev, bwd)
     fwd = memory_bound_time(dev, _pytorch_elementwise_bytes(lay, lay.spec.n_layers - 1 if layer is None else layer))
     if lay.compile:
@@ -262,6 +264,32 @@ def _megatron_elementwise_bytes(lay: Layout) -> tuple[float, float]:
     scale = lay.tokens_per_micro * lay.act_bytes
     return (scale * sum(n * MEGATRON_PASSES[k][0] for k, n in elems.items()),
             scale * sum(n * MEGATRON_PASSES[k][1] for k, n in elems.items()))
+
+
+# Megatron-Core's fused kernels for Llama-style blocks, as its performance recipes switch them on
+# (Transformer Engine's RMSNorm, apply_rope_fusion, bias_activation_fusion's SwiGLU,
+# bias_dropout_fusion's residual add): passes per element, each reading its inputs and writing its
+# outputs once. Forward: RMSNorm reads and writes (2, twice); the residual add reads two and writes
+# one (3, twice); RoPE on q and k reads and writes (2); SwiGLU reads gate and up and writes (3 per
+# FFN element); the attention context's permute (2). Backward: RMSNorm reads the gradient and the
+# input and writes (3, twice); the residual gradient's accumulation (3, twice); RoPE (2); SwiGLU
+# reads the gradient, gate and up and writes two gradients (5); the permute (2).
+MEGATRON_CORE_LLAMA_PASSES = {"norm": (2, 3), "residual": (3, 3), "rope": (2, 2), "swiglu": (3, 5), "permute": (2, 2)}
+
+
+def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[float, float]:
+    spec = lay.spec
+    sp_div = lay.tp if lay.sp else 1
+    moe = spec.moe if spec.is_moe_layer(layer) else None
+    act_width = (moe.top_k + moe.shared_experts) * moe.expert_ffn_dim if moe else spec.ffn_dim
+    elems = {"norm": 2 * spec.dim / sp_div, "residual": 2 * spec.dim / sp_div,
+             "rope": (spec.q_dim + spec.kv_dim) / lay.tp, "swiglu": act_width / lay.tp,
+             "permute": spec.attn_out_dim / lay.tp}
+    # An MoE layer's router and token permutation (moe_permute_fusion): the same passes as eager, each way.
+    routing = moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp) if moe else 0.0
+    scale = lay.tokens_per_micro * lay.act_bytes
+    return (scale * (sum(n * MEGATRON_CORE_LLAMA_PASSES[k][0] for k, n in elems.items()) + routing),
+            scale * (sum(n * MEGATRON_CORE_LLAMA_PASSES[k][1] for k, n in elems.items()) + routing))
 
 
 def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> float:

@@ -84,3 +84,24 @@ def test_published_rows_are_priced_on_their_stack():
     stacks = {r.table.split(" (")[0]: r.plan.stack for r in all_training_rows() if r.plan is not None}
     assert stacks["TorchTitan H100"] == "torchtitan"
     assert stacks["Megatron-Bridge MoE"] == "megatron-core"
+
+
+def test_megatron_core_runs_its_fused_elementwise_kernels_by_hand():
+    """Llama 3 8B, seq 8192, mb 1, TP 1: Megatron-Core's fused kernels move, per token, 2 x 2 (RMSNorm)
+    + 2 x 3 (residual adds) passes over 4096, 2 over q and k (4096 + 1024, RoPE), 3 over 14336 (SwiGLU)
+    and 2 over 4096 (context permute) forward; 2 x 3 + 2 x 3, 2, 5 and 2 backward; in bf16."""
+    from meshplan.cost_models.compute import memory_bound_time
+    from meshplan.cost_models.timing import elementwise_times
+
+    lay = runtime_paths(layout_of(on("megatron-core")), PROFILE)
+    assert lay.elementwise_kernels == "megatron"
+    fwd = (4 + 6) * 4096 + 2 * 5120 + 3 * 14336 + 2 * 4096
+    bwd = (6 + 6) * 4096 + 2 * 5120 + 5 * 14336 + 2 * 4096
+    got = elementwise_times(lay, PROFILE)
+    assert got[0] == pytest.approx(memory_bound_time(PROFILE.device, 8192 * 2.0 * fwd), rel=1e-12)
+    assert got[1] == pytest.approx(memory_bound_time(PROFILE.device, 8192 * 2.0 * bwd), rel=1e-12)
+    # With or without torch.compile: the stack's kernels are its own.
+    assert elementwise_times(lay.with_(compile=False), PROFILE) == got
+    # meshplan's runtime runs eager PyTorch ops, fused only by torch.compile.
+    ours = runtime_paths(layout_of(on("meshplan")), PROFILE)
+    assert ours.elementwise_kernels == "pytorch" and elementwise_times(ours, PROFILE)[0] > got[0]
