@@ -17,8 +17,22 @@ from meshplan.cli import main as cli_main
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
+# What a rendezvous or gloo connection that gave up says. The session's five scenarios start at once
+# on two cores (conftest.py); under that load a connection can time out, which is not what this test
+# checks: such a failure runs the two nodes once more, alone. Any other failure fails the test.
+CONNECTION_FAILURES = ("RendezvousConnectionError", "DistNetworkError", "Connection reset by peer",
+                       "Connection closed by peer", "connectFullMesh")
+
+
+def _two_nodes(jobs):
+    job = jobs["two_nodes"]
+    if job.wait() != [0, 0] and any(s in job.text() for s in CONNECTION_FAILURES):
+        job = jobs.start("two_nodes_again", "fsdp_tp", nodes=2)
+    return job.ok()
+
+
 def test_two_nodes_equal_one_node(jobs):
-    two, one = jobs["two_nodes"].ok(), jobs["ref_fsdp_tp"].ok()
+    two, one = _two_nodes(jobs), jobs["ref_fsdp_tp"].ok()
     # Same world (4 ranks, same layout), same data: identical collectives, so the losses agree to
     # the last bit in practice; 1e-6 relative leaves room for nothing but noise.
     assert_losses_match(losses(two.out), losses(one.out), 1e-6, list(range(1, STEPS + 1)))
@@ -87,3 +101,33 @@ def test_launch_command_for_several_nodes(plans):
     assert "--standalone" not in cmd and "--nnodes" not in cmd[cmd.index("meshplan") + 1:]
     single = torchrun_command(parse(["--plan", str(plans["fsdp_tp"])]).launch, [])
     assert "--standalone" in single and "--nproc-per-node=4" in single
+
+
+class _FakeJob:
+    def __init__(self, codes, text=""):
+        self.codes, self._text = codes, text
+
+    def wait(self):
+        return self.codes
+
+    def text(self):
+        return self._text
+
+    def ok(self):
+        assert self.codes == [0, 0], self._text
+        return self
+
+
+class _FakeJobs(dict):
+    def start(self, name, plan_name, nodes=1):
+        self[name] = _FakeJob([0, 0])
+        return self[name]
+
+
+def test_only_a_connection_failure_runs_the_two_nodes_again():
+    flaked = _FakeJobs(two_nodes=_FakeJob([1, 1], "torch.distributed.DistNetworkError: Failed to recv"))
+    assert _two_nodes(flaked) is flaked["two_nodes_again"]
+    broken = _FakeJobs(two_nodes=_FakeJob([1, 1], "ValueError: the layout is wrong"))
+    with pytest.raises(AssertionError):
+        _two_nodes(broken)
+    assert "two_nodes_again" not in broken
