@@ -200,8 +200,12 @@ def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
            lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.elementwise_kernels,
            lay.kv_repeated, lay.cp_attention, spans["tp"], spans["cp"])
     # Expert parallelism changes MoE blocks only: a dense model's key stays as it was.
+    if not lay.spec.is_moe:
+        return key
+    # An MoE block sees dp_shard only through its EP group's ranks per node (moe.ep_span).
+    ep_inner = min(lay.ep // (lay.cp * lay.tp), spans["dp_shard"].ranks_per_node) if lay.ep > 1 else 0
     overlapped = lay.ep_overlap and lay.n_micro >= 2  # timing.ep_exposed
-    return key + (lay.ep, lay.moe_imbalance, spans["dp_shard"], overlapped) if lay.spec.is_moe else key
+    return key + (lay.ep, lay.moe_imbalance, ep_inner, overlapped)
 
 
 @dataclass
