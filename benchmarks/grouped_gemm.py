@@ -21,23 +21,11 @@ import torch
 
 from meshplan.bench import compute
 from meshplan.bench.env import BenchEnv
+from meshplan.bench.progress import Reporter
 from meshplan.bench.shapes import grouped_grid
 from meshplan.bench.timing import Budget
 from meshplan.cost_models.compute import matmul_time
 from meshplan.profiles.registry import load_profile, nearest_builtin
-
-
-class _OneProcess(BenchEnv):
-    def agree(self, value: bool) -> bool:  # one process, no process group
-        return value
-
-
-class _Quiet:
-    def skip(self, what: str) -> None:
-        print(f"skipped: {what}")
-
-    def advance(self, cost: float) -> None:
-        pass
 
 
 def main() -> int:
@@ -48,15 +36,18 @@ def main() -> int:
     a = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    env = _OneProcess(rank=0, world=1, local_rank=0, local_world=1, nnodes=1, backend="nccl" if cuda else "gloo",
+    env = BenchEnv(rank=0, world=1, local_rank=0, local_world=1, nnodes=1, backend="nccl" if cuda else "gloo",
                       device=device)
     name = torch.cuda.get_device_name(0) if cuda else "CPU"
     prof = load_profile(a.profile or nearest_builtin(name))
     dtype = "bf16" if cuda else "fp32"
     settings = compute.ComputeSettings(target_s=0.05 if a.quick else 0.2, min_reps=3)
     compute.warm_up(env)
+    rep = Reporter(enabled=False)
     points = compute.bench_grouped_matmul(env, sorted(grouped_grid(cuda, a.quick), key=lambda s: (s[2], s[3], s[1])),
-                                          [dtype], settings, Budget(None), _Quiet(), {dtype: 100.0 if cuda else 0.05})
+                                          [dtype], settings, Budget(None), rep, {dtype: 100.0 if cuda else 0.05})
+    for what in rep.skipped:
+        print(f"skipped: {what}")
     threads = "" if cuda else f", {torch.get_num_threads()} CPU threads"
     lines = [f"# Grouped GEMMs on {name} ({dtype}, torch {torch.__version__}{threads}) against {prof.name}'s "
              "per-expert matmuls",

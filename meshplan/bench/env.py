@@ -37,7 +37,10 @@ class BenchEnv:
             torch.cuda.synchronize(self.device)
 
     def agree(self, flag: bool) -> bool:
-        """Rank 0's decision, on every rank (budget checks must agree or collectives hang)."""
+        """Rank 0's decision, on every rank (budget checks must agree or collectives hang); a one-process
+        world decides alone, with or without a process group (benchmarks run in one process)."""
+        if self.world == 1:
+            return flag
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
         dist.broadcast(t, src=0)
         return bool(t.item())

@@ -12,6 +12,7 @@ from meshplan.bench import compute
 from meshplan.bench.builder import _device_section
 from meshplan.bench.env import BenchEnv
 from meshplan.bench.memory import MemoryResult
+from meshplan.bench.progress import Reporter
 from meshplan.bench.shapes import grouped_grid, grouped_matmul_dtypes
 from meshplan.bench.timing import Budget
 from meshplan.bench.worker import RawResults
@@ -23,20 +24,7 @@ from meshplan.profiles.schema import _device
 from meshplan.specs.registry import resolve_model
 from meshplan.specs.rules import grouped_mm_kernel
 
-class _OneProcess(BenchEnv):
-    def agree(self, value: bool) -> bool:  # no process group in a unit test: this process decides alone
-        return value
-
-
-CPU = _OneProcess(rank=0, world=1, local_rank=0, local_world=1, nnodes=1, backend="gloo", device=torch.device("cpu"))
-
-
-class _Quiet:
-    def skip(self, what: str) -> None:
-        raise AssertionError(f"nothing should be skipped without a deadline: {what}")
-
-    def advance(self, cost: float) -> None:
-        pass
+CPU = BenchEnv(rank=0, world=1, local_rank=0, local_world=1, nnodes=1, backend="gloo", device=torch.device("cpu"))
 
 
 @pytest.mark.parametrize("device,dtype,capability,expected", [
@@ -65,7 +53,9 @@ def test_grouped_point_runs_the_kernel_and_the_loop(kernel):
 def test_bench_records_each_shape_with_its_kernel():
     settings = compute.ComputeSettings(target_s=0.01, min_reps=2)
     shapes = [(4, 16, 64, 32), (4, 64, 32, 64)]
-    points = compute.bench_grouped_matmul(CPU, shapes, ["fp32"], settings, Budget(None), _Quiet(), {"fp32": 0.05})
+    rep = Reporter(enabled=False)
+    points = compute.bench_grouped_matmul(CPU, shapes, ["fp32"], settings, Budget(None), rep, {"fp32": 0.05})
+    assert rep.skipped == []  # no deadline: every shape is timed
     assert [(p["groups"], p["m"], p["n"], p["k"]) for p in points] == shapes
     assert all(p["kernel"] == "grouped_mm" and p["dtype"] == "fp32" and p["tflops"] > 0 for p in points)
 
