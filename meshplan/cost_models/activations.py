@@ -219,7 +219,7 @@ def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash
     if ac == "none":
         return set()
     if ac == "full":
-        return set(BACKWARD_NEEDS) if compiled else {"qkv", "attention", "attn_out", "ffn_in", "ffn_out"}
+        return set(BACKWARD_NEEDS) if compiled else set(BACKWARD_NEEDS | {"ffn_out"})
     if attention_core_only(ac, sac_ops, attention_kernel):
         return {"attention"}
     if sac_ops == TORCHTITAN_OP_POLICY:

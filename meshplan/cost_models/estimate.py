@@ -202,10 +202,10 @@ def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     # Expert parallelism changes MoE blocks only: a dense model's key stays as it was.
     if not lay.spec.is_moe:
         return key
-    # An MoE block sees dp_shard only through its EP group's ranks per node (moe.ep_span).
-    ep_inner = min(lay.ep // (lay.cp * lay.tp), spans["dp_shard"].ranks_per_node) if lay.ep > 1 else 0
+    # An MoE block sees dp_shard only through its EP group's span (moe.ep_span), which is what the key holds.
+    group = ep_span(spans, lay.ep, lay.cp, lay.tp) if lay.ep > 1 else None
     overlapped = lay.ep_overlap and lay.n_micro >= 2  # timing.ep_exposed
-    return key + (lay.ep, lay.moe_imbalance, ep_inner, overlapped)
+    return key + (lay.ep, lay.moe_imbalance, group, overlapped)
 
 
 @dataclass

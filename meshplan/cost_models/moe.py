@@ -56,7 +56,7 @@ def routing(spec: ModelSpec, tokens: float, tp: int, ep: int, imbalance: float) 
 def routed_expert_times(spec: ModelSpec, r: Routing, prof: ClusterProfile, dtype: str) -> dict[str, float]:
     """Forward seconds of the local experts' grouped GEMMs by matmul kind: gate and up (dim -> width) and
     down (width -> dim), each expert over the tokens routed to it, at the grouped GEMM's rate for that many
-    tokens per expert (compute.grouped_matmul_tflops: measured where the profile has grouped points, else
+    tokens per expert (compute.grouped_matmul_time: measured where the profile has grouped points, else
     each expert as a matmul of its shape, thin groups falling to the memory roofline)."""
     d, m, w = spec.dim, r.tokens_per_expert, r.width
     n = r.local_experts

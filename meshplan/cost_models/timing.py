@@ -14,6 +14,7 @@ from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, moe_elementwise_elems, routed_expert_times,
                                       routing)
 from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.model import ModelSpec
 
 # Pass counts and FLOP ratios live in constants.MODEL, each with its source.
 
@@ -237,11 +238,9 @@ def _pytorch_elementwise_bytes(lay: Layout, layer: int) -> float:
     sp_div = lay.tp if lay.sp else 1
     per_token = (2 * K.norm_passes + 2 * K.residual_passes) * spec.dim / sp_div
     rope = K.rope_passes * (spec.q_dim + spec.kv_dim) if spec.arch == "llama" else 0
-    # An MoE layer's SwiGLU runs over every routed pair's and shared expert's width (moe.py).
-    moe = spec.moe if spec.is_moe_layer(layer) else None
-    act_width = (moe.top_k + moe.shared_experts) * moe.expert_ffn_dim if moe else spec.ffn_dim
-    per_token += (rope + K.layout_passes * (spec.q_dim + spec.kv_dim + spec.v_dim) + K.activation_passes * act_width) / lay.tp
-    if moe:
+    per_token += (rope + K.layout_passes * (spec.q_dim + spec.kv_dim + spec.v_dim)
+                  + K.activation_passes * _activation_width(spec, layer)) / lay.tp
+    if spec.is_moe_layer(layer):
         per_token += moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp)
     return lay.tokens_per_micro * per_token * lay.act_bytes
 
@@ -277,16 +276,23 @@ def _megatron_elementwise_bytes(lay: Layout) -> tuple[float, float]:
 MEGATRON_CORE_LLAMA_PASSES = {"norm": (2, 3), "residual": (3, 3), "rope": (2, 2), "swiglu": (3, 5), "permute": (2, 2)}
 
 
+def _activation_width(spec: ModelSpec, layer: int) -> int:
+    """Elements per token the block's SwiGLU/GELU runs over: an MoE layer's every routed pair's and shared
+    expert's width (moe.py), else the dense MLP's."""
+    if not spec.is_moe_layer(layer):
+        return spec.ffn_dim
+    moe = spec.moe
+    return (moe.top_k + moe.shared_experts) * moe.expert_ffn_dim
+
+
 def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[float, float]:
     spec = lay.spec
     sp_div = lay.tp if lay.sp else 1
-    moe = spec.moe if spec.is_moe_layer(layer) else None
-    act_width = (moe.top_k + moe.shared_experts) * moe.expert_ffn_dim if moe else spec.ffn_dim
     elems = {"norm": 2 * spec.dim / sp_div, "residual": 2 * spec.dim / sp_div,
-             "rope": (spec.q_dim + spec.kv_dim) / lay.tp, "swiglu": act_width / lay.tp,
+             "rope": (spec.q_dim + spec.kv_dim) / lay.tp, "swiglu": _activation_width(spec, layer) / lay.tp,
              "permute": spec.attn_out_dim / lay.tp}
     # An MoE layer's router and token permutation (moe_permute_fusion): the same passes as eager, each way.
-    routing = moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp) if moe else 0.0
+    routing = moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp) if spec.is_moe_layer(layer) else 0.0
     scale = lay.tokens_per_micro * lay.act_bytes
     return (scale * (sum(n * MEGATRON_CORE_LLAMA_PASSES[k][0] for k, n in elems.items()) + routing),
             scale * (sum(n * MEGATRON_CORE_LLAMA_PASSES[k][1] for k, n in elems.items()) + routing))

@@ -31,7 +31,7 @@ def run_fixed_order(sched: Schedule, st: State, result, keep_blocks: bool, block
     rank_of, forward_first = sched.rank_of, sched.forward_first
     orders = [ra.forwards for ra in sched.ranks]
     b_orders = [ra.backwards for ra in sched.ranks]
-    n_backwards = [len(o) for o in b_orders]
+    n_forwards, n_backwards = [len(o) for o in orders], [len(o) for o in b_orders]
     limits = [ra.limit for ra in sched.ranks]
     f, b_eff, p2p_fwd, p2p_bwd = st.f, st.b_eff, st.p2p_fwd, st.p2p_bwd
     f_done, b_done = st.f_done, st.b_done
@@ -113,7 +113,7 @@ def run_fixed_order(sched: Schedule, st: State, result, keep_blocks: bool, block
             other = -1
             if s < last_stage:  # the next stage's rank, if this forward is the one its next forward waits on
                 o = rank_of[s + 1]
-                if next_f[o] < len(orders[o]) and orders[o][next_f[o]] == (s + 1, mb):
+                if next_f[o] < n_forwards[o] and orders[o][next_f[o]] == (s + 1, mb):
                     other = o
         else:
             next_b[r] += 1
