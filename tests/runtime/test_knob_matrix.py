@@ -143,18 +143,29 @@ def results(tmp_path_factory, one_batch) -> dict:
     worlds = [_start_world(n, [c for c in runnable if knobs_of(c.combo)["world"] == n], tmp, one_batch)
               for n in KNOBS["world"]]
     out = collect(worlds, WORLD_TIMEOUT_S, tmp, partial_on_timeout=True)
-    missing = [c for c in runnable if c.name not in out]
+    missing = [c for c in runnable if c.name not in out or _lost_peer(out[c.name])]
     if missing:
-        # Seen once in five full runs: the 4-rank world stopped in DualPipeV x TP 2 x full AC with one
-        # rank spinning (the same plan alone trained 3 of 3 times). The cases a hang left unrun get
-        # one fresh world each; a second hang fails the test.
-        print(f"knob matrix: a world hung; rerunning {[c.name for c in missing]} in fresh worlds")
+        # Seen in about one full run of fifteen, always in the 4-rank world at DualPipeV x TP 2 x full
+        # AC: one rank spins (a hang), or one closes its gloo connection and the others fail with
+        # "Connection closed by peer" while the world goes on to its next case (CI at 1c2e19b); the
+        # same plan alone trained 40 of 40 times under load. The cases a hang or a lost peer
+        # left unrun get one fresh world each; a second failure fails the test. Any other error fails.
+        for n in KNOBS["world"]:
+            log = tmp / f"matrix{n}.log"
+            if log.exists():
+                print(f"--- matrix{n}.log, last lines ---\n" + "\n".join(log.read_text().splitlines()[-60:]))
+        print(f"knob matrix: a world hung or lost a rank; rerunning {[c.name for c in missing]} in fresh worlds")
         retry = tmp / "retry"
         retry.mkdir()
         again = [_start_world(n, [c for c in missing if knobs_of(c.combo)["world"] == n], retry, one_batch)
                  for n in KNOBS["world"] if any(knobs_of(c.combo)["world"] == n for c in missing)]
         out.update(collect(again, WORLD_TIMEOUT_S, retry))
     return out
+
+
+def _lost_peer(result: dict) -> bool:
+    """A case that failed because another rank closed its connection, not by an error of its own."""
+    return any(s in result.get("error", "") for s in ("Connection closed by peer", "Connection reset by peer"))
 
 
 @pytest.fixture(scope="module")
