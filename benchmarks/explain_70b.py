@@ -35,8 +35,8 @@ from typing import Any
 from meshplan.commands.plan import build_plan_mapping, parser as plan_parser
 from meshplan.cost_models import constants
 from meshplan.cost_models.band import band_of
-from meshplan.cost_models.estimate import (Estimate, compose_step, data_parallel_comm, estimate_plan, plan_order,
-                                           step_parts)
+from meshplan.cost_models.estimate import (Estimate, compose_step, compute_windows, data_parallel_comm, estimate_plan,
+                                           plan_order, step_parts)
 from meshplan.cost_models.host import block_host
 from meshplan.cost_models.layout import Layout, layout_of, runtime_paths
 from meshplan.cost_models.memory import fragmentation_field
@@ -241,7 +241,7 @@ def column(name: str, plan: Plan, prof: ClusterProfile, row: PublishedRow | None
         "pipeline bubble": t["pipeline_bubble"], "FSDP comm exposed": t["fsdp_comm"],
         "DP comm exposed": t["dp_comm"], "optimizer": t["optimizer"], "step overhead": t["overhead"],
     }
-    dp = data_parallel_comm(lay, prof, parts.spans, crit, parts.busy[crit])
+    dp = data_parallel_comm(lay, prof, parts.spans, crit, compute_windows(lay, parts, crit))
     info = {f".matmul {kind}": per_block * 3 * s for kind, s in k.matmul_by_kind.items()}
     info.update({
         ".TP comm issued": per_block * bt.tp_comm_issued,

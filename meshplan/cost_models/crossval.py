@@ -13,10 +13,11 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from meshplan.cost_models import constants
-from meshplan.cost_models.constants import PROFILE_CONSTANTS, ProfileConstant
+from meshplan.cost_models.constants import EVERY_GPU, PROFILE_CONSTANTS, ProfileConstant
 from meshplan.cost_models.published import MEGATRON_BRIDGE_MOE, PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.rules import NCCL, profile_backend
 
 Transform = Callable[[str, ClusterProfile], ClusterProfile]  # (profile name, profile) -> profile to predict with
 GOLDEN_ITERATIONS = 14  # interval shrinks to 0.618^14 ~ 0.1 % of the bounds
@@ -176,11 +177,17 @@ def _golden(f: Callable[[float], float], lo: float, hi: float, iterations: int =
     return best[1]
 
 
-def _objective(errs: list[RowError], memory: bool = False) -> float:
+def _objective(errs: list[RowError], memory: bool = False, spread: bool = False) -> float:
     """Mean squared log error of step time (or of peak memory, for a memory constant): symmetric in
-    over- and under-prediction."""
-    vals = [e.memory if memory else e.step for e in errs]
-    return statistics.fmean(math.log1p(v) ** 2 for v in vals if v is not None)
+    over- and under-prediction. With `spread`, each source's mean log error is taken out first
+    (ProfileConstant.objective)."""
+    logs: dict[str, list[float]] = {}
+    for e in errs:
+        v = e.memory if memory else e.step
+        if v is not None:
+            logs.setdefault(e.source if spread else "", []).append(math.log1p(v))
+    centre = {s: statistics.fmean(v) if spread else 0.0 for s, v in logs.items()}
+    return statistics.fmean((x - centre[s]) ** 2 for s, v in logs.items() for x in v)
 
 
 def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = None) -> dict[tuple[str, str], float]:
@@ -191,17 +198,18 @@ def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = 
     for _ in range(MAX_SWEEPS):
         moved = 0.0
         for t in fit_targets():
-            mine = [r for r in rows if r.table in t.tables and r.plan.cluster == t.profile
+            mine = [r for r in rows if r.table in t.tables and t.profile in (r.plan.cluster, EVERY_GPU)
                     and (t.constant.time or r.published_memory_gib is not None)]
             if not mine:
                 continue  # no row to fit on: keeps its built-in value
             key = (t.constant.name, t.profile)
 
-            def loss(v: float, key=key, mine=mine, memory=not t.constant.time) -> float:
-                return _objective(row_errors(mine, transform_of({**values, key: v})), memory)
+            def loss(v: float, key=key, mine=mine, memory=not t.constant.time, spread=t.constant.objective == "spread"):
+                return _objective(row_errors(mine, transform_of({**values, key: v})), memory, spread)
             lo, hi = t.constant.bounds
             new = _golden(loss, lo, hi)
-            start = values.get(key, t.constant.get(load_profile(t.profile)))
+            start = values.get(key, t.constant.get(load_profile(mine[0].plan.cluster if t.profile == EVERY_GPU
+                                                                else t.profile)))
             if loss(new) <= loss(start):  # golden section brackets a local minimum: never step uphill
                 moved = max(moved, abs(new - start) / (hi - lo))
                 values[key] = new
@@ -212,12 +220,16 @@ def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = 
     return values
 
 
+def is_gpu_profile(prof: ClusterProfile) -> bool:
+    return profile_backend(prof.provenance) == NCCL
+
+
 def transform_of(values: dict[tuple[str, str], float]) -> Transform:
     by_name = {c.name: c for c in PROFILE_CONSTANTS}
 
     def apply(name: str, prof: ClusterProfile) -> ClusterProfile:
         for (cname, pname), v in values.items():
-            if pname == name:
+            if pname == name or (pname == EVERY_GPU and is_gpu_profile(prof)):
                 prof = by_name[cname].set(prof, v)
         return prof
     return apply

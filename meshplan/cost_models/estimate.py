@@ -254,7 +254,7 @@ def rank_busy(lay: Layout, d: StageDurations) -> tuple[float, ...]:
 def compose_step(lay: Layout, prof: ClusterProfile, parts: StepParts, makespan: float) -> tuple[float, int, float, dict, float]:
     """Step time from a pipeline makespan: (step, critical rank, exposed data-parallel comm, its split, optimizer)."""
     crit = max(range(lay.pp), key=lambda r: parts.busy[r])
-    data_exposed, data_detail = _data_parallel_comm(lay, prof, parts.spans, crit, parts.busy[crit])
+    data_exposed, data_detail = _data_parallel_comm(lay, prof, parts.spans, crit, compute_windows(lay, parts, crit))
     optimizer = _optimizer_time(lay, prof, crit)
     step = makespan + data_exposed + optimizer + prof.overheads.step_overhead_s
     return step, crit, data_exposed, data_detail, optimizer
@@ -363,7 +363,12 @@ def _time_breakdown(lay: Layout, bts: dict[int, BlockTime], head, emb, crit: int
 
 @dataclass
 class DataParallelComm:
-    """The step's FSDP and replica collectives on the critical rank, seconds: issued, hidden and exposed."""
+    """The step's FSDP and replica collectives on the critical rank, seconds: issued, hidden and exposed.
+
+    What compute hides them under follows the stack (Layout.dp_overlap). prefetch: every collective beside
+    the unit it is not for, pooled over the step (hideable). buckets: the gathers under one micro-batch's
+    forward (gather_window), the reductions under one micro-batch's backward (reduce_window). none: nothing.
+    The first gather and the last reduction (the tails) have no compute before or after them to hide under."""
 
     all_gather: float = 0.0  # FSDP parameter gathers, every unit, every time they are gathered
     reduce_scatter: float = 0.0  # FSDP gradient reductions
@@ -371,7 +376,10 @@ class DataParallelComm:
     tail_all_gather: float = 0.0  # the first block's gather, before any compute to hide under
     tail_reduce_scatter: float = 0.0  # the last block's reduction, after the compute
     tail_all_reduce: float = 0.0
-    hideable: float = 0.0  # fsdp_overlap x the critical rank's work: how much compute can hide
+    mechanism: str = "prefetch"  # Layout.dp_overlap
+    hideable: float = 0.0  # prefetch: fsdp_overlap x the critical rank's work over the step
+    gather_window: float = 0.0  # buckets: fsdp_overlap x the critical rank's forward of one micro-batch
+    reduce_window: float = 0.0  # buckets: fsdp_overlap x its backward of one micro-batch
 
     @property
     def fsdp(self) -> float:
@@ -387,12 +395,21 @@ class DataParallelComm:
         return 0.0 + self.tail_all_gather + self.tail_reduce_scatter + self.tail_all_reduce
 
     @property
-    def hidden(self) -> float:
-        return min(self.total, self.hideable)
+    def exposed(self) -> float:
+        if not self.total:
+            return 0.0
+        if self.mechanism == "none":
+            return self.total
+        if self.mechanism == "buckets":
+            return (max(0.0, self.all_gather - self.gather_window)
+                    + max(0.0, self.reduce_scatter + self.all_reduce - self.reduce_window) + self.tail)
+        return max(0.0, self.total - self.hideable) + self.tail
 
     @property
-    def exposed(self) -> float:
-        return max(0.0, self.total - self.hideable) + self.tail if self.total else 0.0
+    def hidden(self) -> float:
+        """Issued (tails included where they are issued apart) less exposed."""
+        issued = self.total + (0.0 if self.mechanism == "none" else self.tail)
+        return issued - self.exposed if self.total else 0.0
 
     @property
     def fsdp_share(self) -> float:
@@ -400,15 +417,37 @@ class DataParallelComm:
         return self.fsdp / self.total if self.total else 0.0
 
 
+@dataclass(frozen=True)
+class ComputeWindows:
+    """The critical rank's compute over the step (busy) and over one micro-batch's forward and backward
+    (input and weight gradients): what data_parallel_comm hides collectives under."""
+
+    busy: float
+    forward: float = 0.0
+    backward: float = 0.0
+
+
+def compute_windows(lay: Layout, parts: StepParts, crit: int) -> ComputeWindows:
+    """The windows lay.dp_overlap needs (one micro-batch's only where Megatron-Core's buckets use them)."""
+    if lay.dp_overlap != "buckets":
+        return ComputeWindows(parts.busy[crit])
+    d = parts.durations
+    zeros = [0.0] * len(d.forward)
+    fwd = rank_work(lay.schedule, lay.pp, lay.v, 1, d.forward, zeros, zeros)[crit]
+    return ComputeWindows(parts.busy[crit], fwd, parts.busy[crit] / lay.n_micro - fwd)
+
+
 def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int,
-                       busy: float) -> DataParallelComm:
+                       windows: ComputeWindows) -> DataParallelComm:
     """FSDP all-gather / reduce-scatter and replica all-reduce of the critical rank, and what compute hides.
     Under EP the routed experts are gathered and reduced over their own, smaller FSDP group (ep_fsdp)."""
     sp = stage_params(lay, crit)
     routed = sp.routed if lay.ep > 1 else 0.0
     params = sp.total - routed
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
-    c = DataParallelComm(hideable=prof.overheads.fsdp_overlap * busy)
+    share = prof.overheads.fsdp_overlap
+    c = DataParallelComm(mechanism=lay.dp_overlap, hideable=share * windows.busy,
+                         gather_window=share * windows.forward, reduce_window=share * windows.backward)
     units = sp.layers + 1  # FSDP groups one collective per block, plus the root (embedding, norm, head)
     if lay.fsdp_shard > 1:
         span = _fsdp_span(spans)
@@ -434,9 +473,10 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
     return c
 
 
-def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int, busy: float):
+def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int,
+                        windows: ComputeWindows):
     """Exposed FSDP all-gather / reduce-scatter and replica all-reduce: what compute cannot hide."""
-    c = data_parallel_comm(lay, prof, spans, crit, busy)
+    c = data_parallel_comm(lay, prof, spans, crit, windows)
     exposed, share = c.exposed, c.fsdp_share
     return exposed, {"fsdp_comm": exposed * share, "dp_comm": exposed * (1 - share)}
 

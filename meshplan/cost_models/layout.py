@@ -48,6 +48,12 @@ class Layout:
     # When data-parallel gradients are reduced while micro-batches accumulate: every_microbatch (FSDP2,
     # HSDP and composable DDP as the runtime and TorchTitan run them) | last_microbatch (Megatron's DDP).
     grad_sync: str = "every_microbatch"
+    # What compute the data-parallel collectives run under (estimate.data_parallel_comm): prefetch (FSDP1
+    # and FSDP2 gather the next unit and reduce the last one beside each unit's compute, every micro-batch:
+    # the runtime, TorchTitan, Composer) | buckets (Megatron-Core's overlap_param_gather and
+    # overlap_grad_reduce: the gathers under the first micro-batch's forward, the reductions under the
+    # last one's backward) | none (Megatron-LM's local DDP of 2021-22: one all-reduce after the backward).
+    dp_overlap: str = "prefetch"
     # Whether the pipeline schedule keeps every micro-batch's stage output until the step ends (the
     # logits on the last stage): torch.distributed.pipelining before `return_outputs` (TorchTitan
     # 2024). The runtime passes return_outputs=False.

@@ -41,6 +41,17 @@ is assumed once here, and printed by `meshplan validate`:
   multi-token-prediction layer (DeepSeek-V3): its cost is in neither the FLOPs nor the time, so the
   printed TFLOP/s, which Megatron-Core counts the same way, barely moves. The figure is Megatron-
   Core's model TFLOP/s per GPU (flops.model_flops_per_token with causal attention).
+- MosaicML llm-foundry MPT (mosaicml_llmfoundry_mpt_throughput.csv; PyTorch FSDP1 through Composer,
+  2023-24): MPT as a GPT block (LayerNorm, GELU MLP 4x, learned positions, tied embeddings; the
+  page's parameter counts exactly), data parallel only: FULL_SHARD as FSDP with reshard after
+  forward, SHARD_GRAD_OP without, gradients reduced at every micro-batch, the collectives prefetched
+  beside each block (dp_overlap prefetch); flash attention; eager elementwise ops as ATen runs a GPT
+  block (timing.ATEN_GPT_PASSES: its LayerNorm and GELU one kernel each), no torch.compile; the
+  loss eager. Its unpadding copies around flash attention, its fp32 or bf16 reductions (DEFAULT or
+  PURE) and the flash-attention version of its day are not told apart. The figure is tokens/s per
+  GPU. A100 40GB rows (no built-in profile) and Transformer Engine FP8 rows are skipped; H100 rows are
+  priced on the 700 W h100-80g-dgx, A100 80GB rows on a100-80g-dgx (its 1600 Gb/s RoCE per node is the
+  DGX A100's 8 x 200 Gb/s).
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 
+from meshplan.cost_models.constants import LLMFOUNDRY
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
 from meshplan.specs.registry import resolve_model
@@ -97,7 +109,11 @@ def megatron_rows() -> list[PublishedRow]:
     return rows
 
 
-MEGATRON_OVERRIDES = {"attention_kernel": "eager", "elementwise_kernels": "megatron", "grad_sync": "last_microbatch"}
+# Megatron-LM of 2021-22 ran its local DDP (--DDP-impl local, the default): train_step all-reduces the
+# gradients after forward_backward_func returns, nothing overlapped (megatron/training.py, "All-reduce if
+# needed").
+MEGATRON_OVERRIDES = {"attention_kernel": "eager", "elementwise_kernels": "megatron", "grad_sync": "last_microbatch",
+                      "dp_overlap": "none"}
 KORTHIKANTI_EXPERIMENTS = {  # Table 4's rows: (sequence parallel, activation checkpointing)
     "Baseline no recompute": (False, "none"), "Sequence parallelism": (True, "none"),
     "Baseline with recompute (full)": (False, "full"), "Selective recompute": (False, "selective"),
@@ -241,6 +257,64 @@ def moe_blackwell_rows() -> list[PublishedRow]:
     return rows
 
 
+# MPT sizes of llm-foundry's benchmark page: (d_model, n_heads, n_layers) of scripts/train/yamls/pretrain/
+# mpt-<size>.yaml (expansion ratio 4, vocab 50368); each reproduces the page's NumParams column to 0.1 %
+# with learned positions and tied embeddings (tests/cost_models/test_published_llmfoundry.py).
+MPT_SIZES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24),
+             "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 56, 48),
+             "70b": (8192, 64, 80)}
+LLMFOUNDRY_PROFILES = {"h100_80gb": "h100-80g-dgx", "a100_80gb": "a100-80g-dgx"}
+# What Composer's FSDP (PyTorch FSDP1) and MPT ran that the plan file cannot say: eager LayerNorm in
+# bf16 (submit_benchmarks.py sets norm_type low_precision_layernorm), flash attention (its attn_impl
+# default), no torch.compile, the loss eager.
+LLMFOUNDRY_OVERRIDES = {"attention_kernel": "flash", "elementwise_kernels": "pytorch", "compiles_loss": False}
+
+
+def mpt_spec(size: str, seq_len: int) -> ModelSpec:
+    d, heads, layers = MPT_SIZES[size]
+    return ModelSpec(name=f"mpt-{size}", arch="gpt", dim=d, n_layers=layers, n_heads=heads, n_kv_heads=heads,
+                     ffn_dim=4 * d, vocab_size=50368, tied_embeddings=True, max_seq_len=seq_len)
+
+
+def llmfoundry_skip(r: dict[str, str]) -> str | None:
+    """Why a row of the page is not scored, or None."""
+    gpus, mb, accum, gbs = (int(r[k]) for k in ("gpus", "micro_batch", "grad_accum", "global_batch"))
+    if r["gpu"] not in LLMFOUNDRY_PROFILES:
+        return f"no built-in profile for {r['gpu']}"
+    if r["precision"] == "amp_fp8":
+        return "Transformer Engine FP8 (delayed scaling, its fused LayerNorm-linear), not torchao float8"
+    if gbs != gpus * mb * accum:
+        return f"uneven micro-batches ({gbs} over {gpus} GPUs in micro-batches of {mb})"
+    return None
+
+
+def llmfoundry_rows() -> list[PublishedRow]:
+    """MosaicML's MPT throughput table (PyTorch FSDP1 through Composer, data parallel only): FULL_SHARD
+    as FSDP with reshard after forward, SHARD_GRAD_OP without; gradients reduce-scattered at every
+    micro-batch (Composer's FSDP has no no_sync); fp32 reductions (DEFAULT) or bf16 (PURE) priced alike
+    at fp32; activation checkpointing per block where listed."""
+    rows = []
+    for r in read_published_csv("mosaicml_llmfoundry_mpt_throughput.csv"):
+        size, seq, gpus = r["model"], int(r["seq_len"]), int(r["gpus"])
+        ac = r["activation_checkpointing"] == "True"
+        plan = Plan(
+            model=mpt_spec(size, seq), cluster=LLMFOUNDRY_PROFILES.get(r["gpu"], "a100-80g-dgx"), gpus=gpus,
+            training=TrainingSpec(seq_len=seq, global_batch=int(r["global_batch"]), micro_batch=int(r["micro_batch"]),
+                                  dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=1, dp_shard=gpus, tp=1, sequence_parallel=False, async_tp=False, pp=1,
+                                  pp_schedule="1F1B", pp_virtual_stages=1, pp_layers=None, cp=1),
+            memory=MemorySpec(activation_checkpointing="full" if ac else "none", sac_ops=None, float8=False,
+                              reshard_after_forward=r["sharding"] == "FULL_SHARD"),
+            compile=False,
+        )
+        label = (f"{r['table'].split(' with ')[0]}: MPT-{size} {gpus} GPUs seq {seq} mb {r['micro_batch']} "
+                 f"x{r['grad_accum']} {r['sharding']}{' AC' if ac else ''}")
+        rows.append(PublishedRow(LLMFOUNDRY, label, plan,
+                                 "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]), skipped=llmfoundry_skip(r),
+                                 layout_overrides=dict(LLMFOUNDRY_OVERRIDES)))
+    return rows
+
+
 def all_training_rows() -> list[PublishedRow]:
     """Every published training row, skipped ones included (validate lists them with the reason)."""
-    return megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + moe_blackwell_rows()
+    return megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + moe_blackwell_rows() + llmfoundry_rows()

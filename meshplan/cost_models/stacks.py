@@ -24,6 +24,7 @@ class Stack:
     # pytorch (eager ops, fused by torch.compile where the plan compiles) | megatron (the stack's own fused
     # kernels, compiled or not): Layout.elementwise_kernels
     elementwise_kernels: str = "pytorch"
+    dp_overlap: str = "prefetch"  # Layout.dp_overlap
 
 
 STACKS: dict[str, Stack] = {
@@ -32,7 +33,9 @@ STACKS: dict[str, Stack] = {
         TORCHTITAN_OP_POLICY, True, "every_microbatch",
         ("selective AC 'op': save SDPA's output and every other matmul's (torchtitan apply_ac, _save_list)",
          "loss compiled with the model when compiling (torchtitan components/loss.py build_cross_entropy_loss)",
-         "FSDP2 reduce-scatters gradients at every micro-batch, as meshplan's runtime")),
+         "FSDP2 reduce-scatters gradients at every micro-batch, as meshplan's runtime",
+         "FSDP2 prefetches the next block's all-gather in forward and backward and reduce-scatters each block's "
+         "gradients as its backward ends (torch.distributed.fsdp fully_shard), as meshplan's runtime")),
     MEGATRON_CORE: Stack(
         ("qkv", "attn_out", "ffn_in", "ffn_out"), False, "last_microbatch",
         ("selective recompute of the core attention alone (TransformerConfig.recompute_modules default "
@@ -44,15 +47,20 @@ STACKS: dict[str, Stack] = {
          "fused elementwise kernels as the performance recipes switch them on (TransformerConfig "
          "apply_rope_fusion, bias_activation_fusion, bias_dropout_fusion; Transformer Engine's RMSNorm): "
          "each reads its inputs and writes its outputs once (timing.MEGATRON_CORE_LLAMA_PASSES), with or "
-         "without torch.compile"),
-        elementwise_kernels="megatron"),
+         "without torch.compile",
+         "data-parallel traffic overlapped as the performance recipes run it (DistributedDataParallelConfig "
+         "overlap_grad_reduce and overlap_param_gather with the distributed optimizer): parameter all-gathers "
+         "bucket by bucket in the first micro-batch's forward, gradient reduce-scatters in the last "
+         "micro-batch's backward, the first and the last bucket exposed"),
+        elementwise_kernels="megatron", dp_overlap="buckets"),
 }
 
 
 def stack_changes(stack: str, ac: str, sac_ops) -> dict:
     """Layout fields that `stack` sets on a plan's layout (layout.layout_of)."""
     s = STACKS[stack]
-    out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync, "elementwise_kernels": s.elementwise_kernels}
+    out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync, "elementwise_kernels": s.elementwise_kernels,
+                 "dp_overlap": s.dp_overlap}
     if ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out

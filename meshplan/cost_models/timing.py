@@ -220,19 +220,47 @@ def elementwise_times(lay: Layout, prof: ClusterProfile, layer: int | None = Non
         fwd, bwd = (_megatron_elementwise_bytes(lay) if lay.spec.arch == "gpt"
                     else _megatron_core_llama_elementwise_bytes(lay, layer))
         return memory_bound_time(dev, fwd), memory_bound_time(dev, bwd)
-    fwd = memory_bound_time(dev, _pytorch_elementwise_bytes(lay, lay.spec.n_layers - 1 if layer is None else layer))
+    layer = lay.spec.n_layers - 1 if layer is None else layer
+    if lay.spec.arch == "gpt":
+        fwd_bytes, bwd_bytes = _aten_gpt_elementwise_bytes(lay)
+    else:
+        fwd_bytes = _pytorch_elementwise_bytes(lay, layer)
+        bwd_bytes = 2 * fwd_bytes
+    fwd, bwd = memory_bound_time(dev, fwd_bytes), memory_bound_time(dev, bwd_bytes)
     if lay.compile:
-        fwd /= prof.overheads.compile_speedup
-    return fwd, 2 * fwd
+        fwd, bwd = fwd / prof.overheads.compile_speedup, bwd / prof.overheads.compile_speedup
+    return fwd, bwd
+
+
+# A GPT block in eager PyTorch (meshplan's runtime, nanoGPT, MPT): LayerNorm and GELU are each one ATen
+# kernel (layer_norm's fused CUDA kernel reads x and writes y, keeping one fp32 mean and rstd per
+# token; gelu reads and writes once), unlike the Llama block's composite fp32 RMSNorm and RoPE. Passes
+# per element, forward and backward. Forward: LayerNorm (2, twice); residual add reads two and writes
+# one (3, twice); GELU (2 per FFN element); the attention output's transpose to (batch, seq, heads)
+# copies it (2). Backward: LayerNorm reads the gradient and the input and writes (3, twice); the
+# residual stream's gradient accumulation (3, twice); GELU reads the gradient and its input and writes
+# (3); the copy back (2).
+ATEN_GPT_PASSES = {"norm": (2, 3), "residual": (3, 3), "gelu": (2, 3), "attn_out_copy": (2, 2)}
+
+
+def _aten_gpt_elementwise_bytes(lay: Layout) -> tuple[float, float]:
+    spec = lay.spec
+    sp_div = lay.tp if lay.sp else 1
+    elems = {"norm": 2 * spec.dim / sp_div, "residual": 2 * spec.dim / sp_div, "gelu": spec.ffn_dim / lay.tp,
+             "attn_out_copy": spec.attn_out_dim / lay.tp}
+    scale = lay.tokens_per_micro * lay.act_bytes
+    return (scale * sum(n * ATEN_GPT_PASSES[k][0] for k, n in elems.items()),
+            scale * sum(n * ATEN_GPT_PASSES[k][1] for k, n in elems.items()))
 
 
 def _pytorch_elementwise_bytes(lay: Layout, layer: int) -> float:
-    """Bytes one block's forward elementwise kernels move, as eager PyTorch runs them.
+    """Bytes one Llama-style block's forward elementwise kernels move, as eager PyTorch runs them.
 
-    Per element, in units of the activation size: two RMSNorm/LayerNorms computed in fp32 (cast,
-    square, mean, scale, cast back: ~20 passes each), two residual adds (3), RoPE on q and k via
-    fp32 complex multiply (~15), the SwiGLU/GELU activation (5) and attention layout copies (8).
-    Backward moves about twice this. torch.compile fuses most of it (profile compile_speedup).
+    Per element, in units of the activation size: two RMSNorms computed in fp32 (cast, square, mean,
+    scale, cast back: ~20 passes each), two residual adds (3), RoPE on q and k via fp32 complex
+    multiply (~15), the SwiGLU activation (5) and attention layout copies (8). Backward moves about
+    twice this. torch.compile fuses most of it (profile compile_speedup). GPT blocks:
+    _aten_gpt_elementwise_bytes.
     """
     spec, K = lay.spec, constants.MODEL
     sp_div = lay.tp if lay.sp else 1

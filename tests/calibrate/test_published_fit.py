@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from meshplan.cost_models import crossval
+from meshplan.cost_models.constants import EVERY_GPU
 from meshplan.cost_models.crossval import fit, row_errors, training_rows, transform_of
 
 PROFILE = "h100-96g-gt"
@@ -40,7 +41,7 @@ def test_fit_on_a_published_table_improves_and_stays_physical():
                                             "overheads.fsdp_overlap", "overheads.memory_fragmentation"}
     for (name, profile), value in fitted.items():
         lo, hi = PHYSICAL[name]
-        assert profile == PROFILE and lo <= value <= hi, (name, value)
+        assert profile in (PROFILE, EVERY_GPU) and lo <= value <= hi, (name, value)
     # Start: the built-in profile's values. A fit on these rows must not end worse on them.
     assert _msle(row_errors(rows, transform_of(fitted))) <= _msle(row_errors(rows)) + 1e-12
     # the memory constant is fitted on the rows' peak memory: no worse there either

@@ -9,7 +9,7 @@ import pytest
 from meshplan.cost_models import constants
 from meshplan.cost_models.band import band_of, device_class
 from meshplan.cost_models.compute import matmul_tflops
-from meshplan.cost_models.crossval import _golden
+from meshplan.cost_models.crossval import RowError, _golden, _objective, transform_of
 from meshplan.cost_models.estimate import estimate_plan
 from meshplan.cost_models.published import torchtitan_rows
 from meshplan.profiles.registry import builtin_names, load_profile
@@ -17,6 +17,26 @@ from meshplan.profiles.registry import builtin_names, load_profile
 
 def test_golden_section_finds_a_hand_known_minimum():
     assert _golden(lambda x: (x - 0.3) ** 2, 0.0, 1.0) == pytest.approx(0.3, abs=2e-3)
+
+
+def test_spread_objective_takes_each_sources_level_out():
+    """Two sources, log errors (a: 0.1, 0.3; b: -0.2, -0.2): squared about their own means, (0.01 + 0.01 + 0 +
+    0) / 4 = 0.005; plain mean squared error 0.18 / 4 = 0.045."""
+    import math
+
+    errs = [RowError("a", "1", math.expm1(0.1)), RowError("a", "2", math.expm1(0.3)),
+            RowError("b", "1", math.expm1(-0.2)), RowError("b", "2", math.expm1(-0.2))]
+    assert _objective(errs, spread=True) == pytest.approx(0.005)
+    assert _objective(errs) == pytest.approx(0.045)
+
+
+def test_a_constant_fitted_for_every_gpu_reaches_every_gpu_profile_and_no_other():
+    t = transform_of({("overheads.fsdp_overlap", constants.EVERY_GPU): 0.5})
+    gpus = [n for n in builtin_names() if load_profile(n).device.peak_tflops.get("bf16", 0) > 100]
+    for name in builtin_names():
+        got = t(name, load_profile(name)).overheads.fsdp_overlap
+        assert (got == 0.5) == (name in gpus), name
+    assert len(gpus) == 6
 
 
 def test_sustained_fraction_scales_matmul_rate_linearly():

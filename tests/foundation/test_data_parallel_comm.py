@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from meshplan.cost_models.comm import collective_time
-from meshplan.cost_models.estimate import _data_parallel_comm, _fsdp_span, group_spans
+from meshplan.cost_models.estimate import ComputeWindows, _data_parallel_comm, _fsdp_span, group_spans
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.memory import stage_params
 from meshplan.profiles.registry import load_profile
@@ -28,7 +28,7 @@ def _layout(**kw) -> Layout:
 
 
 def _exposed(lay: Layout) -> float:
-    return _data_parallel_comm(lay, NO_OVERLAP, group_spans(lay, NO_OVERLAP), 0, 1.0)[0]
+    return _data_parallel_comm(lay, NO_OVERLAP, group_spans(lay, NO_OVERLAP), 0, ComputeWindows(1.0))[0]
 
 
 def test_fsdp_reduce_scatters_every_micro_batch_by_hand():
@@ -60,3 +60,44 @@ def test_ddp_and_hsdp_all_reduce_every_micro_batch():
     assert _exposed(ddp) == pytest.approx(4 * (once - tail) + tail)
     hsdp = _layout(dp_shard=8, dp_replicate=8)
     assert _exposed(hsdp) > _exposed(replace(hsdp, grad_sync="last_microbatch"))
+
+
+def _priced(lay: Layout, share: float, windows: ComputeWindows):
+    from meshplan.cost_models.estimate import data_parallel_comm
+
+    prof = replace(PROF, overheads=replace(PROF.overheads, fsdp_overlap=share))
+    return data_parallel_comm(lay, prof, group_spans(lay, prof), 0, windows)
+
+
+def test_each_stack_hides_data_parallel_traffic_under_its_own_window():
+    """By hand from the issued collectives (the same with nothing hidden): FSDP's prefetch pools every
+    collective against share x the step's work; Megatron-Core's buckets hide the gathers under share x one
+    micro-batch's forward and the reductions under share x its backward; Megatron-LM's local DDP hides
+    nothing, and its all-reduce has no separate tail. The first gather and last reduction stay exposed."""
+    lay = _layout()
+    w = ComputeWindows(busy=8.0, forward=0.5, backward=1.2)
+    c = _priced(lay, 0.0, w)
+    ag, rs, tail = c.all_gather, c.reduce_scatter, c.tail
+    assert ag > 0 and rs > 0 and tail > 0
+    prefetch = _priced(lay, 0.3, w)
+    assert prefetch.exposed == pytest.approx(max(0.0, ag + rs - 0.3 * 8.0) + tail)
+    buckets = _priced(replace(lay, dp_overlap="buckets"), 0.3, w)
+    assert buckets.exposed == pytest.approx(max(0.0, ag - 0.3 * 0.5) + max(0.0, rs - 0.3 * 1.2) + tail)
+    assert buckets.hidden == pytest.approx(ag + rs + tail - buckets.exposed)
+    none = _priced(replace(lay, dp_overlap="none"), 0.3, w)
+    assert none.exposed == pytest.approx(ag + rs) and none.hidden == 0.0
+
+
+def test_buckets_windows_are_one_micro_batch_of_the_critical_rank():
+    """compute_windows: one micro-batch's forward and backward (input and weight) on the critical rank,
+    from the stage durations by hand: 2 pipeline ranks, 1F1B, 8 micro-batches."""
+    from meshplan.cost_models.estimate import compute_windows, step_parts
+
+    lay = _layout(pp=2, dp_shard=32, stage_layers=(16, 16), dp_overlap="buckets")
+    parts = step_parts(lay, PROF)
+    d = parts.durations
+    for rank in (0, 1):
+        w = compute_windows(lay, parts, rank)
+        assert w.forward == pytest.approx(d.forward[rank])
+        assert w.backward == pytest.approx(d.backward[rank] + d.weight[rank])
+        assert w.busy == pytest.approx(lay.n_micro * (w.forward + w.backward))

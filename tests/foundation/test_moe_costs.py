@@ -179,13 +179,13 @@ def test_state_memory_in_gib_matches_the_estimate():
 def test_routed_experts_are_gathered_and_reduced_over_their_own_fsdp_group():
     """ep 4 of dp_shard 8 in one node: the routed experts' FSDP group (ep_fsdp) is 2 ranks, the rest's 8.
     One MoE block plus the root: each collective's bytes by hand, the routed ones over the 2-rank group."""
-    from meshplan.cost_models.estimate import data_parallel_comm
+    from meshplan.cost_models.estimate import ComputeWindows, data_parallel_comm
 
     lay = _layout(ep=4, global_batch=8)  # one micro-batch per rank: gathered twice (forward, backward), reduced once
     full = {n: math.prod(s) for n, s in _tensors(ONE_LAYER)}
     routed = sum(v for n, v in full.items() if n.startswith("experts.")) / 4  # this rank's 2 of 8 experts
     rest = sum(v for n, v in full.items() if not n.startswith("experts."))
-    c = data_parallel_comm(lay, PROF, group_spans(lay, PROF), 0, 0.0)
+    c = data_parallel_comm(lay, PROF, group_spans(lay, PROF), 0, ComputeWindows(0.0))
     eight, two = GroupSpan(8, 8), GroupSpan(2, 2)
     from meshplan.cost_models.comm import collective_time
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.cost_models.estimate import data_parallel_comm, estimate_plan, group_spans
+from meshplan.cost_models.estimate import ComputeWindows, data_parallel_comm, estimate_plan, group_spans
 from meshplan.cost_models.layout import layout_of, runtime_paths
 from meshplan.cost_models.memory import head_input_bytes, loss_buffer_bytes
 from meshplan.cost_models.published import all_training_rows
+from meshplan.cost_models.stacks import STACKS
 from meshplan.errors import InputError
 from meshplan.planner.space import Space
 from meshplan.profiles.registry import load_profile
@@ -50,15 +51,17 @@ def test_run_and_the_search_take_meshplans_runtime_only(stack):
 
 def test_megatron_core_reduces_gradients_once_per_step():
     """256 sequences over 32 data-parallel ranks at micro-batch 1: 8 micro-batches. FSDP2 (meshplan,
-    TorchTitan) reduce-scatters at each, Megatron's DDP once: 8x the reduce-scatter time, by count."""
+    TorchTitan) reduce-scatters at each, Megatron's DDP once: 8x the reduce-scatter time, by count. What
+    each leaves exposed is its window's business (test_data_parallel_comm): FSDP2's 8 reductions hide under
+    the whole step, Megatron-Core's one under one micro-batch's backward."""
     comm = {}
     for stack in ("meshplan", "megatron-core"):
         lay = runtime_paths(layout_of(on(stack)), PROFILE)
-        comm[stack] = data_parallel_comm(lay, PROFILE, group_spans(lay, PROFILE), 0, 1.0)
+        comm[stack] = data_parallel_comm(lay, PROFILE, group_spans(lay, PROFILE), 0, ComputeWindows(1.0))
     assert comm["meshplan"].reduce_scatter == pytest.approx(8 * comm["megatron-core"].reduce_scatter, rel=1e-12)
     assert comm["meshplan"].all_gather == pytest.approx(comm["megatron-core"].all_gather, rel=1e-12)
-    steps = {s: estimate_plan(on(s), PROFILE).step_time_s for s in ("meshplan", "megatron-core")}
-    assert steps["megatron-core"] < steps["meshplan"]
+    issued = {s: comm[s].total + comm[s].tail for s in comm}
+    assert issued["megatron-core"] < issued["meshplan"]
 
 
 def test_megatron_core_prices_the_eager_loss():
@@ -105,3 +108,13 @@ def test_megatron_core_runs_its_fused_elementwise_kernels_by_hand():
     # meshplan's runtime runs eager PyTorch ops, fused only by torch.compile.
     ours = runtime_paths(layout_of(on("meshplan")), PROFILE)
     assert ours.elementwise_kernels == "pytorch" and elementwise_times(ours, PROFILE)[0] > got[0]
+
+
+def test_each_stack_overlaps_data_parallel_traffic_its_way():
+    """meshplan and TorchTitan run FSDP2's prefetch, Megatron-Core its buckets; the published Megatron-LM
+    rows of 2021-22 their local DDP, which overlaps nothing."""
+    from meshplan.cost_models.published import MEGATRON_OVERRIDES
+
+    assert {s: STACKS[s].dp_overlap for s in STACKS} == {"meshplan": "prefetch", "torchtitan": "prefetch",
+                                                        "megatron-core": "buckets"}
+    assert MEGATRON_OVERRIDES["dp_overlap"] == "none"
