@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from meshplan.cost_models import constants
-from meshplan.cost_models.constants import EVERY_GPU, PROFILE_CONSTANTS, ProfileConstant
+from meshplan.cost_models.constants import EVERY_GPU, LLMFOUNDRY, PROFILE_CONSTANTS, ProfileConstant
 from meshplan.cost_models.published import MEGATRON_BRIDGE_MOE, PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
@@ -280,8 +280,9 @@ def constants_text() -> str:
 def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = False) -> list[str]:
     lines = [title, f"{'source':<40} " + " ".join(f"{k + ' MAPE  bias  w/in15':>28}" for k in errs)]
     sources = list(dict.fromkeys(e.source for v in errs.values() for e in v))
-    groups = {"dense runs": lambda e: not is_moe_source(e.source), "MoE runs": lambda e: is_moe_source(e.source),
-              "overall": lambda e: True}
+    groups = {"dense runs": lambda e: not is_moe_source(e.source),
+              "dense, TorchTitan and Megatron": lambda e: not is_moe_source(e.source) and e.source != LLMFOUNDRY,
+              "MoE runs": lambda e: is_moe_source(e.source), "overall": lambda e: True}
     for src in sources + list(groups):
         cells = []
         for v in errs.values():
