@@ -110,6 +110,10 @@ def _balanced_layers(lay: Layout, prof, order) -> tuple[int, ...]:
     per_layer = (d2.forward[0] + d2.backward[0] + d2.weight[0]) - (d1.forward[0] + d1.backward[0] + d1.weight[0])
     d = stage_durations(lay.with_(stage_layers=even), prof, spans)
     extras = [d.forward[i] + d.backward[i] + d.weight[i] - even[i] * per_layer for i in range(n)]
+    # A middle stage's extra work is 0 but for float rounding (1e-21 s here), which balanced_split's
+    # tie-break between equally balanced splits (the stage with the larger extras gives layers back first)
+    # must not read: the planner's middle stages carry exactly 0.
+    extras = [0.0 if abs(x) < 1e-9 * per_layer else x for x in extras]
     return balanced_split(lay.spec.n_layers, extras, per_layer)
 
 
