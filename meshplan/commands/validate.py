@@ -7,6 +7,7 @@ import json
 from meshplan.commands.argparsing import ArgumentParser
 from meshplan.cost_models.published_comm import USED_ELSEWHERE
 from meshplan.cost_models.validate import METRIC_UNITS, table_groups, validation_results
+from meshplan.errors import InputError
 
 
 def parser() -> ArgumentParser:
@@ -15,15 +16,22 @@ def parser() -> ArgumentParser:
     ap.add_argument("--constants", action="store_true", help="every cost-model constant: value, source, and MAPE at its physical default")
     ap.add_argument("--cross", action="store_true", help="refit the fitted constants with each published table left out")
     ap.add_argument("--save", action="store_true", help="with --cross: write the out-of-sample errors the estimate bands use")
+    ap.add_argument("--nested", action="store_true",
+                    help="with --cross: choose the cost model's forms by nested cross-validation and score the held-out "
+                         "tables (slow: one leave-one-table-out fit per table, form and alternative)")
     return ap
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
+    if args.nested and not args.cross:
+        raise InputError("--nested", "goes with --cross")
     if args.constants or args.cross:
         from meshplan.cost_models.crossval import constants_text, cross_report
+        from meshplan.cost_models.nested import nested_text
         print("\n\n".join(f() for f, on in ((constants_text, args.constants),
-                                             (lambda: cross_report(args.save), args.cross)) if on))
+                                             (lambda: cross_report(args.save), args.cross and not args.nested),
+                                             (nested_text, args.nested)) if on))
         return 0
     results = validation_results()
     groups = table_groups(results)

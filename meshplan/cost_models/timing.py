@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost_models import constants
+from meshplan.cost_models import constants, forms
 from meshplan.cost_models.activations import attention_core_only, recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
@@ -85,7 +85,7 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     tp_fwd = _tp_comm_forward(lay, prof, spans)
     bt.forward_passes = 2 if lay.ac == "full" else 1
     tp_total = bt.tp_comm_issued = tp_fwd * (bt.forward_passes + 1)
-    bt.tp_comm = tp_total * (1 - prof.overheads.tp_async_overlap) if lay.async_tp else tp_total
+    bt.tp_comm = _async_tp_exposed(lay, prof, spans, c.matmul_by_kind, tp_total, bt.forward_passes + 1)
     # Backward moves K/V twice over: ring attention rotates K/V again and their gradients back;
     # the gather path re-gathers K/V (saved local only) and reduce-scatters their gradients.
     cp_total = bt.cp_comm_issued = _cp_comm(lay, prof, spans) * (bt.forward_passes + CP_BACKWARD_GATHERS)
@@ -335,6 +335,32 @@ def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSp
         return 2 * (collective_time(prof, "all_gather", payload, spans["tp"])
                     + collective_time(prof, "reduce_scatter", payload, spans["tp"]))
     return 2 * collective_time(prof, "all_reduce", payload, spans["tp"])
+
+
+def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float],
+                      issued: float, passes: int) -> float:
+    """What a block's TP collectives leave exposed over its passes: all of them without async TP; with it,
+    as forms.FORMS.async_tp says, either the fitted share tp_async_overlap of the traffic hidden, or each
+    collective hidden under that share of the matmul it is fused with (the all-gathers before the qkv and
+    ffn_in projections, the reduce-scatters after attn_out and ffn_out, and in backward their gradients'
+    beside the same ops' input-gradient matmuls; without SP, the all-reduces after attn_out and ffn_out)."""
+    share = prof.overheads.tp_async_overlap
+    if not lay.async_tp:
+        return issued
+    if forms.FORMS.async_tp == "traffic":
+        return issued * (1 - share)
+    payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
+    by_kind: dict[str, float] = {}
+    for kind, t in matmuls.items():
+        by_kind[sac_kind(kind)] = by_kind.get(sac_kind(kind), 0.0) + t
+    if lay.sp:
+        ag = collective_time(prof, "all_gather", payload, spans["tp"])
+        rs = collective_time(prof, "reduce_scatter", payload, spans["tp"])
+        pairs = [(ag, "qkv"), (rs, "attn_out"), (ag, "ffn_in"), (rs, "ffn_out")]
+    else:
+        ar = collective_time(prof, "all_reduce", payload, spans["tp"])
+        pairs = [(ar, "attn_out"), (ar, "ffn_out")]
+    return passes * sum(max(0.0, c - share * by_kind.get(kind, 0.0)) for c, kind in pairs)
 
 
 # PyTorch's ring attention (context_parallel, as TorchTitan runs it) merges each non-local ring step's

@@ -1,0 +1,39 @@
+"""The functional forms the cost model could take where physics leaves a choice and the evidence has to
+make it: each alternative is written here, FORMS holds the shipped one, and `meshplan validate --cross
+--nested` chooses among them by nested cross-validation (nested.py), never by the score it then reports.
+The cost model reads FORMS at call time, so `forms(...)` switches a form for the duration of a `with`."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+
+@dataclass(frozen=True)
+class Forms:
+    # What async TP hides (timing.block_time), with the fitted share overheads.tp_async_overlap:
+    # traffic: that share of every TP collective of the block, whatever it runs beside;
+    # window: each collective under that share of the matmul it is fused with (an all-gather beside the
+    # projection it feeds, a reduce-scatter beside the one it drains: PyTorch's fused_all_gather_matmul
+    # and fused_matmul_reduce_scatter), so a thin model's collectives, long beside its matmuls, hide less.
+    async_tp: str = "traffic"
+
+
+FORMS = Forms()
+ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window")}
+
+
+@contextmanager
+def forms(**chosen: str) -> Iterator[Forms]:
+    """FORMS with some forms replaced, for the duration."""
+    global FORMS
+    for name, value in chosen.items():
+        if value not in ALTERNATIVES[name]:
+            raise ValueError(f"form {name}: {value!r} is not one of {ALTERNATIVES[name]}")
+    old = FORMS
+    FORMS = replace(old, **chosen)
+    try:
+        yield FORMS
+    finally:
+        FORMS = old

@@ -1,0 +1,100 @@
+"""Model selection by nested cross-validation (`meshplan validate --cross --nested`).
+
+A functional form (forms.py) is a model choice: choosing it by the leave-one-table-out score and then
+quoting that score would make the score partly in-sample. Here each published table is held out in
+turn (the outer fold); on the tables left, every alternative of every form is scored by its own
+leave-one-table-out fits (the inner folds), the alternative with the lowest inner error is taken, the
+constants are refitted with it on those tables, and only then is the held-out table predicted. The
+outer predictions are the honest out-of-sample figure; how often each alternative won says how firmly
+the evidence chose it.
+
+Forms are chosen one after another in ALTERNATIVES' order, each with the forms before it at their
+choice and the ones after at the shipped form. The inner error weighs every table alike (the mean over
+tables of each table's mean squared log step-time error), so a source with many rows does not decide
+alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from meshplan.cost_models import forms
+from meshplan.cost_models.crossval import (RowError, _objective, _score_lines, fit, row_errors, training_rows,
+                                           transform_of)
+from meshplan.cost_models.published import PublishedRow
+
+
+@dataclass
+class Fold:
+    held_out: str
+    inner: dict[str, dict[str, float]]  # form -> alternative -> inner error
+    chosen: dict[str, str]  # form -> alternative
+
+
+@dataclass
+class NestedResult:
+    out_of_sample: list[RowError] = field(default_factory=list)
+    folds: list[Fold] = field(default_factory=list)
+
+
+def table_mean_error(errs: list[RowError]) -> float:
+    """The mean over tables of each table's mean squared log step-time error."""
+    tables = dict.fromkeys(e.source for e in errs)
+    return statistics.fmean(_objective([e for e in errs if e.source == t]) for t in tables)
+
+
+def loto_errors(rows: list[PublishedRow]) -> list[RowError]:
+    """Every row predicted with the constants fitted without its table."""
+    out: list[RowError] = []
+    for table in dict.fromkeys(r.table for r in rows):
+        values = fit([r for r in rows if r.table != table])
+        out += row_errors([r for r in rows if r.table == table], transform_of(values))
+    return out
+
+
+def choose_forms(rows: list[PublishedRow], alternatives: dict[str, tuple[str, ...]]) -> tuple[dict, dict]:
+    """(form -> alternative chosen, form -> alternative -> inner error) on `rows` alone."""
+    chosen: dict[str, str] = {}
+    inner: dict[str, dict[str, float]] = {}
+    for name, options in alternatives.items():
+        inner[name] = {}
+        for option in options:
+            with forms.forms(**chosen, **{name: option}):
+                inner[name][option] = table_mean_error(loto_errors(rows))
+        chosen[name] = min(options, key=lambda o: (inner[name][o], options.index(o)))
+    return chosen, inner
+
+
+def nested_cross_validate(rows: list[PublishedRow] | None = None,
+                          alternatives: dict[str, tuple[str, ...]] | None = None) -> NestedResult:
+    rows = rows or training_rows()
+    alternatives = alternatives or forms.ALTERNATIVES
+    result = NestedResult()
+    for table in dict.fromkeys(r.table for r in rows):
+        train = [r for r in rows if r.table != table]
+        chosen, inner = choose_forms(train, alternatives)
+        with forms.forms(**chosen):
+            values = fit(train)
+            result.out_of_sample += row_errors([r for r in rows if r.table == table], transform_of(values))
+        result.folds.append(Fold(table, inner, chosen))
+    return result
+
+
+def nested_text(result: NestedResult | None = None) -> str:
+    """`meshplan validate --cross --nested`: the held-out tables' scores, and each fold's choices."""
+    r = result or nested_cross_validate()
+    lines = ["step time, nested cross-validation (error = predicted / measured - 1): each table held out; on the",
+             "rest, each form's alternatives scored by their own leave-one-table-out fits (inner error: mean over",
+             "tables of the mean squared log error), the best refitted, then the held-out table predicted"]
+    lines += _score_lines("", {"nested out-of-sample": r.out_of_sample})
+    lines += ["", "chosen per held-out table (inner error of each alternative)"]
+    for fold in r.folds:
+        picks = "; ".join(f"{name}: {alt} (" + ", ".join(f"{o} {v:.5f}" for o, v in fold.inner[name].items()) + ")"
+                          for name, alt in fold.chosen.items())
+        lines.append(f"  {fold.held_out[:40]:<40} {picks}")
+    for name, options in forms.ALTERNATIVES.items():
+        wins = {o: sum(f.chosen.get(name) == o for f in r.folds) for o in options}
+        lines.append(f"form {name}: " + ", ".join(f"{o} chosen in {n} of {len(r.folds)} folds" for o, n in wins.items())
+                     + f"; shipped: {getattr(forms.FORMS, name)}")
+    return "\n".join(lines)
