@@ -8,6 +8,7 @@ figure a table printed: a throughput row's step-time error is published / predic
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable
@@ -136,10 +137,20 @@ def constant_effects(rows: list[PublishedRow] | None = None) -> tuple[Score, Sco
         effects.append(effect(f.name, f"{value:g}", physical, f.metadata["source"], "sourced (code)", errs))
     for c in PROFILE_CONSTANTS:
         vals = ", ".join(f"{p} {c.get(load_profile(p)):g}" for p in profiles)
-        fitted = "; ".join(f"{p}: {', '.join(t)}" for p, t in c.fitted_on.items()) or "sourced"
+        fitted = "; ".join(f"{p}: {', '.join(t)} ({_sources_text(t)})" for p, t in c.fitted_on.items()) or "sourced"
         effects.append(effect(c.name, vals, c.physical, c.source, fitted, row_errors(rows, _set_everywhere(c, c.physical))))
     mem = score([e.memory for e in base if e.memory is not None])
     return score([e.step for e in base]), mem, effects
+
+
+def source_of(table: str) -> str:
+    """The publication a table comes from: TorchTitan's six tables are one source."""
+    return re.sub(r" \(Table \d+\)$", "", table)
+
+
+def _sources_text(tables: tuple[str, ...]) -> str:
+    n = len(dict.fromkeys(source_of(t) for t in tables))
+    return f"{n} source{'s' if n != 1 else ''}"
 
 
 # -- validate --cross ---------------------------------------------------------------------------------

@@ -30,6 +30,16 @@ def test_spread_objective_takes_each_sources_level_out():
     assert _objective(errs) == pytest.approx(0.045)
 
 
+def test_sources_count_publications_not_tables():
+    """TorchTitan's six tables are one publication; fsdp_overlap rests on two (TorchTitan and llm-foundry)."""
+    from meshplan.cost_models.crossval import source_of
+
+    assert {source_of(t) for t in constants.TORCHTITAN} == {"TorchTitan H100"}
+    assert source_of(constants.MEGATRON) == constants.MEGATRON
+    fsdp = constants.profile_constant("overheads.fsdp_overlap").fitted_on[constants.EVERY_GPU]
+    assert len({source_of(t) for t in fsdp}) == 2
+
+
 def test_a_constant_fitted_for_every_gpu_reaches_every_gpu_profile_and_no_other():
     t = transform_of({("overheads.fsdp_overlap", constants.EVERY_GPU): 0.5})
     gpus = [n for n in builtin_names() if load_profile(n).device.peak_tflops.get("bf16", 0) > 100]
