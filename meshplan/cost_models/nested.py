@@ -36,6 +36,7 @@ class Fold:
 class NestedResult:
     out_of_sample: list[RowError] = field(default_factory=list)
     folds: list[Fold] = field(default_factory=list)
+    on_every_table: Fold | None = None  # the choice made on all tables: what should ship
 
 
 def table_mean_error(errs: list[RowError]) -> float:
@@ -78,6 +79,8 @@ def nested_cross_validate(rows: list[PublishedRow] | None = None,
             values = fit(train)
             result.out_of_sample += row_errors([r for r in rows if r.table == table], transform_of(values))
         result.folds.append(Fold(table, inner, chosen))
+    chosen, inner = choose_forms(rows, alternatives)
+    result.on_every_table = Fold("", inner, chosen)
     return result
 
 
@@ -93,8 +96,11 @@ def nested_text(result: NestedResult | None = None) -> str:
         picks = "; ".join(f"{name}: {alt} (" + ", ".join(f"{o} {v:.5f}" for o, v in fold.inner[name].items()) + ")"
                           for name, alt in fold.chosen.items())
         lines.append(f"  {fold.held_out[:40]:<40} {picks}")
+    every = r.on_every_table
     for name, options in forms.ALTERNATIVES.items():
         wins = {o: sum(f.chosen.get(name) == o for f in r.folds) for o in options}
         lines.append(f"form {name}: " + ", ".join(f"{o} chosen in {n} of {len(r.folds)} folds" for o, n in wins.items())
+                     + (f"; on every table: {every.chosen[name]} ("
+                        + ", ".join(f"{o} {v:.5f}" for o, v in every.inner[name].items()) + ")" if every else "")
                      + f"; shipped: {getattr(forms.FORMS, name)}")
     return "\n".join(lines)

@@ -93,6 +93,7 @@ def test_each_held_out_table_is_predicted_with_what_the_others_chose(small):
         got = [e for e in result.out_of_sample if e.source == fold.held_out]
         assert [e.step for e in got] == pytest.approx([e.step for e in want], rel=1e-12)
     assert len(result.out_of_sample) == len(rows)
+    assert (result.on_every_table.chosen, result.on_every_table.inner) == choose_forms(rows, forms.ALTERNATIVES)
     text = nested_text(result)
     assert all(t in text for t in TABLES) and "form async_tp" in text
 
