@@ -215,12 +215,11 @@ def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, 
 def elementwise_times(lay: Layout, prof: ClusterProfile, layer: int | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of block `layer`'s (default: the last) memory-bound elementwise kernels."""
     dev = prof.device
+    layer = lay.spec.n_layers - 1 if layer is None else layer
     if lay.elementwise_kernels == "megatron":
-        layer = lay.spec.n_layers - 1 if layer is None else layer
         fwd, bwd = (_megatron_elementwise_bytes(lay) if lay.spec.arch == "gpt"
                     else _megatron_core_llama_elementwise_bytes(lay, layer))
         return memory_bound_time(dev, fwd), memory_bound_time(dev, bwd)
-    layer = lay.spec.n_layers - 1 if layer is None else layer
     if lay.spec.arch == "gpt":
         fwd_bytes, bwd_bytes = _aten_gpt_elementwise_bytes(lay)
     else:
@@ -243,14 +242,22 @@ def elementwise_times(lay: Layout, prof: ClusterProfile, layer: int | None = Non
 ATEN_GPT_PASSES = {"norm": (2, 3), "residual": (3, 3), "gelu": (2, 3), "attn_out_copy": (2, 2)}
 
 
+def _kernel_pass_bytes(lay: Layout, passes: dict[str, tuple[float, float]], elems: dict[str, float],
+                       extra: float = 0.0) -> tuple[float, float]:
+    """(forward, backward) bytes of a block's elementwise kernels, each making its (forward, backward)
+    `passes` over its `elems` elements per token (plus `extra` element passes each way), in the
+    activation dtype, for one micro-batch."""
+    scale = lay.tokens_per_micro * lay.act_bytes
+    return (scale * (sum(n * passes[k][0] for k, n in elems.items()) + extra),
+            scale * (sum(n * passes[k][1] for k, n in elems.items()) + extra))
+
+
 def _aten_gpt_elementwise_bytes(lay: Layout) -> tuple[float, float]:
     spec = lay.spec
     sp_div = lay.tp if lay.sp else 1
     elems = {"norm": 2 * spec.dim / sp_div, "residual": 2 * spec.dim / sp_div, "gelu": spec.ffn_dim / lay.tp,
              "attn_out_copy": spec.attn_out_dim / lay.tp}
-    scale = lay.tokens_per_micro * lay.act_bytes
-    return (scale * sum(n * ATEN_GPT_PASSES[k][0] for k, n in elems.items()),
-            scale * sum(n * ATEN_GPT_PASSES[k][1] for k, n in elems.items()))
+    return _kernel_pass_bytes(lay, ATEN_GPT_PASSES, elems)
 
 
 def _pytorch_elementwise_bytes(lay: Layout, layer: int) -> float:
@@ -288,9 +295,7 @@ def _megatron_elementwise_bytes(lay: Layout) -> tuple[float, float]:
     sp_div = lay.tp if lay.sp else 1
     elems = {"norm": 2 * spec.dim / sp_div, "dropout_add": 2 * spec.dim / sp_div,
              "gelu": spec.ffn_dim / lay.tp, "permute": spec.dim / lay.tp}
-    scale = lay.tokens_per_micro * lay.act_bytes
-    return (scale * sum(n * MEGATRON_PASSES[k][0] for k, n in elems.items()),
-            scale * sum(n * MEGATRON_PASSES[k][1] for k, n in elems.items()))
+    return _kernel_pass_bytes(lay, MEGATRON_PASSES, elems)
 
 
 # Megatron-Core's fused kernels for Llama-style blocks, as its performance recipes switch them on
@@ -321,46 +326,46 @@ def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[flo
              "permute": spec.attn_out_dim / lay.tp}
     # An MoE layer's router and token permutation (moe_permute_fusion): the same passes as eager, each way.
     routing = moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp) if spec.is_moe_layer(layer) else 0.0
-    scale = lay.tokens_per_micro * lay.act_bytes
-    return (scale * (sum(n * MEGATRON_CORE_LLAMA_PASSES[k][0] for k, n in elems.items()) + routing),
-            scale * (sum(n * MEGATRON_CORE_LLAMA_PASSES[k][1] for k, n in elems.items()) + routing))
+    return _kernel_pass_bytes(lay, MEGATRON_CORE_LLAMA_PASSES, elems, routing)
+
+
+def _tp_collectives(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> dict[str, float]:
+    """One pass's TP collectives of a block, seconds, by the matmul kind each runs beside: with SP, the
+    all-gathers before the qkv and ffn_in projections and the reduce-scatters after attn_out and ffn_out;
+    without it, the all-reduces after attn_out and ffn_out."""
+    payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
+    if lay.sp:
+        ag = collective_time(prof, "all_gather", payload, spans["tp"])
+        rs = collective_time(prof, "reduce_scatter", payload, spans["tp"])
+        return {"qkv": ag, "attn_out": rs, "ffn_in": ag, "ffn_out": rs}
+    ar = collective_time(prof, "all_reduce", payload, spans["tp"])
+    return {"attn_out": ar, "ffn_out": ar}
 
 
 def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> float:
     """One block's forward TP collectives: SP's 2 all-gathers + 2 reduce-scatters, else 2 all-reduces."""
     if lay.tp == 1:
         return 0.0
-    payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
-    if lay.sp:
-        return 2 * (collective_time(prof, "all_gather", payload, spans["tp"])
-                    + collective_time(prof, "reduce_scatter", payload, spans["tp"]))
-    return 2 * collective_time(prof, "all_reduce", payload, spans["tp"])
+    c = _tp_collectives(lay, prof, spans)
+    return 2 * (c["qkv"] + c["attn_out"]) if lay.sp else 2 * c["attn_out"]
 
 
 def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float],
                       issued: float, passes: int) -> float:
     """What a block's TP collectives leave exposed over its passes: all of them without async TP; with it,
     as forms.FORMS.async_tp says, either the fitted share tp_async_overlap of the traffic hidden, or each
-    collective hidden under that share of the matmul it is fused with (the all-gathers before the qkv and
-    ffn_in projections, the reduce-scatters after attn_out and ffn_out, and in backward their gradients'
-    beside the same ops' input-gradient matmuls; without SP, the all-reduces after attn_out and ffn_out)."""
+    collective hidden under that share of the matmul it is fused with (_tp_collectives; in backward, their
+    gradients' beside the same ops' input-gradient matmuls)."""
     share = prof.overheads.tp_async_overlap
     if not lay.async_tp:
         return issued
     if forms.FORMS.async_tp == "traffic":
         return issued * (1 - share)
-    payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
     by_kind: dict[str, float] = {}
     for kind, t in matmuls.items():
         by_kind[sac_kind(kind)] = by_kind.get(sac_kind(kind), 0.0) + t
-    if lay.sp:
-        ag = collective_time(prof, "all_gather", payload, spans["tp"])
-        rs = collective_time(prof, "reduce_scatter", payload, spans["tp"])
-        pairs = [(ag, "qkv"), (rs, "attn_out"), (ag, "ffn_in"), (rs, "ffn_out")]
-    else:
-        ar = collective_time(prof, "all_reduce", payload, spans["tp"])
-        pairs = [(ar, "attn_out"), (ar, "ffn_out")]
-    return passes * sum(max(0.0, c - share * by_kind.get(kind, 0.0)) for c, kind in pairs)
+    return passes * sum(max(0.0, c - share * by_kind.get(kind, 0.0))
+                        for kind, c in _tp_collectives(lay, prof, spans).items())
 
 
 # PyTorch's ring attention (context_parallel, as TorchTitan runs it) merges each non-local ring step's
