@@ -255,15 +255,21 @@ class CrossResult:
     builtin: list[RowError] = field(default_factory=list)  # the built-in profiles as shipped
 
 
+def leave_one_table_out(rows: list[PublishedRow]) -> tuple[list[RowError], dict[str, dict[tuple[str, str], float]]]:
+    """Every row predicted with the constants fitted without its table, table by table, and those fits."""
+    errors: list[RowError] = []
+    fitted_without: dict[str, dict[tuple[str, str], float]] = {}
+    for table in dict.fromkeys(r.table for r in rows):
+        values = fitted_without[table] = fit([r for r in rows if r.table != table])
+        errors += row_errors([r for r in rows if r.table == table], transform_of(values))
+    return errors, fitted_without
+
+
 def cross_validate(rows: list[PublishedRow] | None = None) -> CrossResult:
     rows = rows or training_rows()
     fitted_all = fit(rows)
     result = CrossResult(row_errors(rows, transform_of(fitted_all)), [], fitted_all, builtin=row_errors(rows))
-    for source in dict.fromkeys(r.table for r in rows):
-        held = [r for r in rows if r.table == source]
-        values = fit([r for r in rows if r.table != source])
-        result.fitted_without[source] = values
-        result.out_of_sample += row_errors(held, transform_of(values))
+    result.out_of_sample, result.fitted_without = leave_one_table_out(rows)
     order = {(r.table, r.label): i for i, r in enumerate(rows)}
     result.out_of_sample.sort(key=lambda e: order[(e.source, e.label)])
     return result

@@ -20,8 +20,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from meshplan.cost_models import forms
-from meshplan.cost_models.crossval import (RowError, _objective, _score_lines, fit, row_errors, training_rows,
-                                           transform_of)
+from meshplan.cost_models.crossval import (RowError, _objective, _score_lines, fit, leave_one_table_out, row_errors,
+                                           training_rows, transform_of)
 from meshplan.cost_models.published import PublishedRow
 
 
@@ -45,15 +45,6 @@ def table_mean_error(errs: list[RowError]) -> float:
     return statistics.fmean(_objective([e for e in errs if e.source == t]) for t in tables)
 
 
-def loto_errors(rows: list[PublishedRow]) -> list[RowError]:
-    """Every row predicted with the constants fitted without its table."""
-    out: list[RowError] = []
-    for table in dict.fromkeys(r.table for r in rows):
-        values = fit([r for r in rows if r.table != table])
-        out += row_errors([r for r in rows if r.table == table], transform_of(values))
-    return out
-
-
 def choose_forms(rows: list[PublishedRow], alternatives: dict[str, tuple[str, ...]]) -> tuple[dict, dict]:
     """(form -> alternative chosen, form -> alternative -> inner error) on `rows` alone."""
     chosen: dict[str, str] = {}
@@ -62,7 +53,7 @@ def choose_forms(rows: list[PublishedRow], alternatives: dict[str, tuple[str, ..
         inner[name] = {}
         for option in options:
             with forms.forms(**chosen, **{name: option}):
-                inner[name][option] = table_mean_error(loto_errors(rows))
+                inner[name][option] = table_mean_error(leave_one_table_out(rows)[0])
         chosen[name] = min(options, key=lambda o: (inner[name][o], options.index(o)))
     return chosen, inner
 

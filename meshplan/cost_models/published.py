@@ -258,8 +258,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
 
 
 # MPT sizes of llm-foundry's benchmark page: (d_model, n_heads, n_layers) of scripts/train/yamls/pretrain/
-# mpt-<size>.yaml (expansion ratio 4, vocab 50368); each reproduces the page's NumParams column to 0.1 %
-# with learned positions and tied embeddings (tests/cost_models/test_published_llmfoundry.py).
+# mpt-<size>.yaml (expansion ratio 4, vocab 50368); with learned positions over the row's sequence and
+# tied embeddings each reproduces the page's NumParams column exactly (tests/foundation/test_llmfoundry_rows.py).
 MPT_SIZES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24),
              "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 56, 48),
              "70b": (8192, 64, 80)}
