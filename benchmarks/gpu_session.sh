@@ -15,7 +15,18 @@
 # Outputs go to $OUT (the device tool's folder), or benchmarks/results when run elsewhere.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out="${OUT:-benchmarks/results}"
+# The device tool brings back at most 8 files, so on it everything is written to one folder and packed
+# into $OUT/gpu_session.tgz at exit; LIMIT_S (default 480) is the call's own deadline: a step starts only
+# when the time left allows it, so the pack happens before the tool's timeout kills the call.
+limit="${LIMIT_S:-480}"
+left() { echo $((limit - SECONDS)); }
+if [ -n "${OUT:-}" ]; then
+  out=/tmp/gpu_session_out
+  mkdir -p "$out"
+  trap 'tar czf "$OUT/gpu_session.tgz" -C "$out" . && cp "$out"/*.md "$OUT"/ 2>/dev/null' EXIT
+else
+  out=benchmarks/results
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 # pulp's bundled CBC (cbcbox's binary is too large to carry): executable, and on PATH.
@@ -29,20 +40,21 @@ if [ "${MOE_BUDGET_S:-90}" != 0 ]; then
   mkdir -p "$out/moe" && tar czf "$out/moe/gpu_truth_logs.tgz" -C /tmp/gpu_truth_moe runs plans 2>/dev/null
 fi
 # The routed experts' grouped GEMMs against the built-in profile's per-expert matmuls (issue 28; ~20 s).
-timeout 60 python3 benchmarks/grouped_gemm.py --quick --out "$out" > /dev/null 2>&1 || echo "grouped_gemm failed"
+timeout 50 python3 benchmarks/grouped_gemm.py --quick --out "$out" > /dev/null 2>&1 || echo "grouped_gemm failed"
 python3 benchmarks/gpu_truth.py --no-profile --models "${MODELS:-llama3.2-3b}" --top "${TOP:-3}" \
   --variants activation_checkpointing=full --steps 6 --budget-s "${BUDGET_S:-270}" --out "$out" --work "$work"
 status=$?
 tar czf "$out/gpu_truth_logs.tgz" -C "$work" runs plans 2>/dev/null
 # What one block keeps for backward on this GPU, against the inventory (about 40 s).
-timeout 150 python3 benchmarks/saved_tensors.py --out "$out" > /dev/null 2>&1 || echo "saved_tensors failed"
+[ "$(left)" -gt 120 ] && timeout $(( $(left) - 60 )) python3 benchmarks/saved_tensors.py --out "$out" > /dev/null 2>&1 || echo "saved_tensors failed"
 # Where a step's time goes, for the pick and for AC full (the priced recompute is about twice what the
 # H200 measured at 540f8e8): one profiled step each, the top ops by GPU time (PROFILE_OPS=0 skips it).
 if [ "${PROFILE_OPS:-1}" = 1 ]; then
   for name in llama3.2-3b-planner_1 "llama3.2-3b-variant_activation_checkpointing=full"; do
     plan="$work/plans/$name.yaml"
     [ -f "$plan" ] || continue
-    timeout 150 python3 -m meshplan run --plan "$plan" --steps 4 --profile-steps 1 --no-final-checkpoint --quiet \
+    [ "$(left)" -gt 50 ] || break
+    timeout $(( $(left) - 15 )) python3 -m meshplan run --plan "$plan" --steps 4 --profile-steps 1 --no-final-checkpoint --quiet \
       --out "$work/profile/$name" > /dev/null 2>&1 && cp "$work/profile/$name"/profile/rank0_step*_ops.txt "$out/ops-$name.txt"
   done
 fi
