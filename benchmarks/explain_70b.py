@@ -37,7 +37,6 @@ from meshplan.cost_models import constants
 from meshplan.cost_models.band import band_of
 from meshplan.cost_models.estimate import (Estimate, compose_step, compute_windows, data_parallel_comm, estimate_plan,
                                            plan_order, step_parts)
-from meshplan.cost_models.host import block_host
 from meshplan.cost_models.layout import Layout, layout_of, runtime_paths
 from meshplan.cost_models.memory import fragmentation_field
 from meshplan.cost_models.pipeline import stage_rank
@@ -228,7 +227,6 @@ def column(name: str, plan: Plan, prof: ClusterProfile, row: PublishedRow | None
     stages = [s for s in range(lay.n_stages) if stage_rank(s, lay.pp, lay.schedule) == crit]
     per_block = lay.n_micro * sum(lay.stage_layers[s] for s in stages)  # block passes on the critical rank
     bt, k, m, t = parts.bt, parts.bt.kinds, lay.n_micro, est.time_s
-    f, b, _ = block_host(lay)
     terms = {
         "matmul": per_block * 3 * k.matmul_forward,
         "attention": per_block * (k.attention_forward + k.attention_backward),
@@ -236,7 +234,7 @@ def column(name: str, plan: Plan, prof: ClusterProfile, row: PublishedRow | None
         "float8 casts": per_block * k.float8_cast,
         "head + loss": m * (parts.head.forward + parts.head.backward) if lay.n_stages - 1 in stages else 0.0,
         "embedding": m * parts.emb if 0 in stages else 0.0,
-        "host dispatch": per_block * (f.seconds(prof.overheads) + b.seconds(prof.overheads)),
+        "host dispatch": per_block * bt.host,
         "recompute": t["recompute"], "TP comm exposed": t["tp_comm"], "CP comm exposed": t["cp_comm"],
         "pipeline bubble": t["pipeline_bubble"], "FSDP comm exposed": t["fsdp_comm"],
         "DP comm exposed": t["dp_comm"], "optimizer": t["optimizer"], "step overhead": t["overhead"],

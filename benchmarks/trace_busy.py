@@ -18,17 +18,20 @@ BLOCKING = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpy", "cud
             "cudaEventSynchronize")
 
 
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intervals (start, end) with the overlapping ones joined, in order."""
+    out: list[list[float]] = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return [(s, e) for s, e in out]
+
+
 def union_length(intervals: list[tuple[float, float]]) -> float:
     """Total length covered by intervals (start, end), overlaps counted once."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
+    return sum(e - s for s, e in merged(intervals))
 
 
 def summarise(trace: Path) -> dict:
@@ -40,7 +43,8 @@ def summarise(trace: Path) -> dict:
     host = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
     span_s, span_e = min(s for s, _ in host + gpu), max(e for _, e in host + gpu)
     busy = union_length(gpu)
-    gaps = sorted((b[0] - a[1] for a, b in zip(sorted(gpu), sorted(gpu)[1:]) if b[0] > a[1]), reverse=True)
+    busy_spans = merged(gpu)
+    gaps = sorted((b[0] - a[1] for a, b in zip(busy_spans, busy_spans[1:])), reverse=True)
     return {"trace": trace.name, "span_ms": (span_e - span_s) / 1e3, "gpu_busy_ms": busy / 1e3,
             "busy_share": busy / (span_e - span_s), "kernels": kernels,
             "blocking_calls": len(blocking), "blocking_ms": sum(e["dur"] for e in blocking) / 1e3,

@@ -1,18 +1,24 @@
 """Host-side time of a step: the ops eager PyTorch dispatches and the collective calls it issues, counted from the plan.
 
 Every op costs host time beyond its FLOPs and bytes (Python binding, dispatcher, autograd bookkeeping,
-launch). On a GPU the host runs ahead of the kernels and this hides unless they are tiny; on a CPU the host
-is the device, so it adds in line, and for a small model it is most of the step. Ops through a Python
-`__torch_dispatch__` cost more (interpreted Python per op): DTensor's (sharding propagation and wrapping, for
-tensor parallelism and for the optimizer on DTensor parameters) and the selective-AC policy's dispatch mode
-(every op of a checkpointed block's forward and replay). Activation checkpointing itself costs Python per op
+launch). On a CPU the host is the device, so it adds in line, and for a small model it is most of the step.
+On a GPU the host runs ahead of the kernels and this hides unless they are small: a pass takes the longer
+of its kernels and its host work (host_beyond; Layout.host_ahead), and an eager step of a small model is
+bound by it (moe-1b on an H200: ~15 us an op, thousands of ops, the GPU busy a quarter to two fifths of
+the step). Compiled blocks on a GPU launch Inductor's fused kernels, a few a pass: not priced there
+(timing._add_host).
+
+Ops through a Python `__torch_dispatch__` cost more (interpreted Python per op): DTensor's (sharding
+propagation and wrapping, for tensor parallelism and for the optimizer on DTensor parameters) and the
+selective-AC policy's dispatch mode (every op of a checkpointed block's forward and replay). Activation checkpointing itself costs Python per op
 of the block it wraps (saved-tensor hooks forward, the replay and its unpacking backward): several times an
 op's dispatch, so on a CPU a full-AC block's recomputation costs far more than its FLOPs. Every collective
 call also waits for its whole group: rank skew, and with more processes than cores the wait for the peers
 to be scheduled, which back-to-back micro-benchmarks do not see.
 
 The profile prices each kind (overheads.op_dispatch_s, python_dispatch_s, collective_sync_s, checkpoint_op_s,
-sac_op_s; 0 in the built-in profiles). The counts are of the runtime's own modules
+sac_op_s; the built-in GPU profiles carry the host costs measured on one H200 machine's host,
+benchmarks/host_costs.py). The counts are of the runtime's own modules
 (meshplan/runtime, PyTorch 2.13, eager) per micro-batch, counted with a TorchDispatchMode;
 tests/calibrate/test_host_costs.py counts them again, so they cannot drift from the runtime unnoticed.
 Pipeline transfers are priced where the schedule simulation counts them (comm.p2p_time).
@@ -22,7 +28,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.layout import Layout, stage_block_kinds
 from meshplan.cost_models.moe import moe_host_ops, routed_tensors
 from meshplan.cost_models.pipeline import stage_rank
@@ -140,7 +145,9 @@ def block_host(lay: Layout, layer: int | None = None) -> tuple[HostOps, HostOps,
     cost_models/moe.py) for one micro-batch."""
     arch = lay.spec.arch
     ops = BLOCK_OPS[arch]
-    replay = 1.0 if recomputed_kinds(lay.ac, lay.sac_ops, arch, lay.attention_kernel) else 0.0
+    # The runtime wraps every block under AC (runtime/activation_checkpoint.py), and the wrapper replays its
+    # whole forward, whatever a selective policy saves.
+    replay = 0.0 if lay.ac == "none" else 1.0
     f, b, r = HostOps(ops.forward), HostOps(ops.backward), HostOps()
     if layer is not None and lay.spec.is_moe_layer(layer):
         (mf, mb), (cf, cb) = moe_host_ops(lay.spec, lay.ep)
@@ -254,5 +261,17 @@ def priced(prof: ClusterProfile) -> bool:
                 or o.pipeline_action_s or o.pipeline_multi_action_s)
 
 
+def host_beyond(device_s: float, host_s: float) -> float:
+    """What a pass's host work adds where the host runs ahead of the kernels (a GPU): the kernels queue
+    while the host issues the next ones, so a pass takes the longer of the two. Per block pass, as a
+    sync-free eager step runs them (the H200 moe-1b rows in data/validation/gpu_host_bound.csv)."""
+    return max(0.0, host_s - device_s)
+
+
 def step_host_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
-    return step_host(lay, rank).seconds(prof.overheads) if priced(prof) else 0.0
+    """The optimizer's and the data-parallel hooks' host work, in line on a CPU. On a GPU 0: the optimizer
+    runs foreach kernels there (a few launches per group of tensors, not OPTIMIZER_OPS_PER_TENSOR ops per
+    tensor), and the hooks run between block passes whose kernels they queue behind."""
+    if lay.host_ahead or not lay.host_counted or not priced(prof):
+        return 0.0
+    return step_host(lay, rank).seconds(prof.overheads)

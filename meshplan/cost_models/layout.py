@@ -82,6 +82,14 @@ class Layout:
     # Whether tensors live in CUDA's caching allocator, whose per-stream pools keep FSDP2's freed gradients
     # reserved (memory.rank_memory); runtime_paths() sets it from the backend (not on gloo's CPU ranks).
     caching_allocator: bool = True
+    # Whether the host runs ahead of the kernels (a GPU: each pass takes the longer of its kernels and its
+    # host work, host.py) or is the device (gloo's CPU ranks: host work adds in line); runtime_paths() sets
+    # it from the backend.
+    host_ahead: bool = True
+    # Whether host.py's op counts describe the stack's modules (meshplan's runtime; TorchTitan's are alike:
+    # eager PyTorch, DTensor TP). Megatron's own modules (its fused kernels, no DTensor) are not counted,
+    # and their host work is left unpriced.
+    host_counted: bool = True
 
     @property
     def loss_compiled(self) -> bool:
@@ -184,7 +192,7 @@ def runtime_paths(lay: Layout, prof) -> Layout:
     kind = cp_attention_kind(backend)
     norm_fp32 = lay.spec.arch == "llama" and lay.dtype != "fp32" and rms_norm_kernel(backend) == COMPOSITE
     return lay.with_(cp_attention=kind, kv_repeated=cp_kv_repeated(kind), norm_fp32=norm_fp32,
-                     caching_allocator=backend == NCCL)
+                     caching_allocator=backend == NCCL, host_ahead=backend == NCCL)
 
 
 def layout_of(plan: Plan) -> Layout:

@@ -25,6 +25,7 @@ class Stack:
     # kernels, compiled or not): Layout.elementwise_kernels
     elementwise_kernels: str = "pytorch"
     dp_overlap: str = "prefetch"  # Layout.dp_overlap
+    host_counted: bool = True  # Layout.host_counted: host.py's op counts are of eager PyTorch modules
 
 
 STACKS: dict[str, Stack] = {
@@ -52,7 +53,7 @@ STACKS: dict[str, Stack] = {
          "overlap_grad_reduce and overlap_param_gather with the distributed optimizer): parameter all-gathers "
          "bucket by bucket in the first micro-batch's forward, gradient reduce-scatters in the last "
          "micro-batch's backward, the first and the last bucket exposed"),
-        elementwise_kernels="megatron", dp_overlap="buckets"),
+        elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False),
 }
 
 
@@ -60,7 +61,7 @@ def stack_changes(stack: str, ac: str, sac_ops) -> dict:
     """Layout fields that `stack` sets on a plan's layout (layout.layout_of)."""
     s = STACKS[stack]
     out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync, "elementwise_kernels": s.elementwise_kernels,
-                 "dp_overlap": s.dp_overlap}
+                 "dp_overlap": s.dp_overlap, "host_counted": s.host_counted}
     if ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out

@@ -9,7 +9,7 @@ from meshplan.cost_models.activations import attention_core_only, recomputed_kin
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
-from meshplan.cost_models.host import block_host, embedding_host, head_host
+from meshplan.cost_models.host import block_host, embedding_host, head_host, host_beyond
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, moe_elementwise_elems, routed_expert_times,
                                       routing)
@@ -35,6 +35,7 @@ class BlockTime:
     cp_comm_issued: float = 0.0  # before the attention hides its share
     ep_comm_issued: float = 0.0
     kinds: BlockCompute | None = None  # the compute above by kind of work (block_compute)
+    host: float = 0.0  # host work in forward and backward_input above (in line, or beyond the kernels on a GPU)
 
     @property
     def total(self) -> float:
@@ -90,13 +91,15 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     # the gather path re-gathers K/V (saved local only) and reduce-scatters their gradients.
     cp_total = bt.cp_comm_issued = _cp_comm(lay, prof, spans) * (bt.forward_passes + CP_BACKWARD_GATHERS)
     bt.cp_comm = cp_total * (1 - prof.overheads.cp_overlap)
+    # Host work first: where the host outlasts the kernels, Megatron's EP overlap hides the all-to-alls under
+    # that time too (ep_exposed).
+    _add_host(bt, lay, prof, layer)
     if lay.spec.is_moe_layer(layer) and lay.ep > 1:
         r = _routing(lay)
         ep_fwd = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, ep_span(spans, lay.ep, lay.cp, lay.tp))
         bt.ep_comm_issued = ep_fwd * (bt.forward_passes + 1)
         bt.ep_comm = ep_exposed(lay, bt.ep_comm_issued, bt.forward + bt.backward_input + bt.backward_weight
                                 + bt.recompute)
-    _add_host(bt, lay, prof, layer)
     return bt
 
 
@@ -162,12 +165,23 @@ def block_compute(lay: Layout, prof: ClusterProfile, layer: int | None = None) -
 
 
 def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile, layer: int) -> None:
-    """Host dispatch and collective-call time, in line with the passes it belongs to (host.py)."""
+    """Host dispatch and collective-call time of the block's passes (host.py): in line on a CPU; on a GPU,
+    what a pass's host work takes beyond its kernels (host_beyond)."""
+    if not lay.host_counted or (lay.host_ahead and lay.compile):
+        # One graph call a pass launching Inductor's fused kernels: llama3.2-3b compiled on the H200
+        # (benchmarks/results/ops-*-2026-11-27) had its host waiting on a full command queue.
+        return
     f, b, r = block_host(lay, layer)
     o = prof.overheads
-    bt.forward += f.seconds(o)
-    bt.backward_input += b.seconds(o)
-    bt.recompute += r.seconds(o)
+    if lay.host_ahead:
+        fwd = host_beyond(bt.forward, f.seconds(o))
+        bwd = host_beyond(bt.backward_input + bt.backward_weight + bt.recompute, b.seconds(o) + r.seconds(o))
+    else:
+        fwd, bwd = f.seconds(o), b.seconds(o)
+        bt.recompute += r.seconds(o)
+    bt.forward += fwd
+    bt.backward_input += bwd
+    bt.host = fwd + bwd
 
 
 # Eager attention's passes over the (heads x s x s) scores: constants.MODEL.eager_score_passes_*.
@@ -190,9 +204,11 @@ def _eager_attention(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
 def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, elem_fwd: float) -> float:
     """The forward work run again in backward: the recomputed matmuls (activations.recomputed_kinds: compiled,
     full AC does not run ffn_out again), the attention core, and the memory-bound kernels between them."""
-    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel, lay.compile)
-    if not kinds:
+    if lay.ac == "none":
         return 0.0
+    # A selective policy that saves every matmul and the attention still replays the block's memory-bound
+    # ops (norms, RoPE, activations): the wrapper recomputes whatever the policy does not save.
+    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel, lay.compile)
     spec = lay.spec
     t = 0.0
     for mm_kind, secs in fwd_by_kind.items():
@@ -209,6 +225,12 @@ def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, 
         t += att_fwd
     if attention_core_only(lay.ac, lay.sac_ops, lay.attention_kernel):
         return t  # Megatron checkpoints the attention core alone; its softmax and dropout are in att_fwd
+    if lay.compile and lay.elementwise_kernels == "pytorch":
+        # Inductor fuses the recomputed memory-bound ops into the backward kernels that read their inputs
+        # anyway: llama3.2-3b on an H200 (benchmarks/results/ops-*-9816110) ran AC full's recomputed norms
+        # in 0.7 ms over 28 blocks (31 ms priced as their own passes), and a policy saving every matmul
+        # and the attention took 1 % longer than AC none.
+        return t
     return t + elem_fwd
 
 
@@ -421,11 +443,17 @@ def head_time(lay: Layout, prof: ClusterProfile) -> HeadTime:
     loss = memory_bound_time(dev, logits * constants.MODEL.loss_passes * 4)
     if lay.loss_compiled:
         loss /= prof.overheads.compile_speedup
+    fwd, bwd = fwd_mm + loss, 2 * fwd_mm + loss
+    if not lay.host_counted:
+        return HeadTime(fwd, bwd)
     host_f, host_b = head_host(lay)
     o = prof.overheads
-    return HeadTime(forward=fwd_mm + loss + host_f.seconds(o), backward=2 * fwd_mm + loss + host_b.seconds(o))
+    if lay.host_ahead:
+        return HeadTime(fwd + host_beyond(fwd, host_f.seconds(o)), bwd + host_beyond(bwd, host_b.seconds(o)))
+    return HeadTime(forward=fwd + host_f.seconds(o), backward=bwd + host_b.seconds(o))
 
 
 def embedding_time(lay: Layout, prof: ClusterProfile) -> float:
     lookup = memory_bound_time(prof.device, 3 * lay.tokens_per_micro * lay.spec.dim * lay.act_bytes)
-    return lookup + embedding_host(lay).seconds(prof.overheads)
+    host = embedding_host(lay).seconds(prof.overheads) if lay.host_counted else 0.0
+    return lookup + (host_beyond(lookup, host) if lay.host_ahead else host)

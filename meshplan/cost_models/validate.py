@@ -7,7 +7,7 @@ from typing import Callable
 
 from meshplan.cost_models.estimate import Estimate, estimate_plan, group_spans
 from meshplan.cost_models.flops import megatron_flops_per_iteration, model_flops_per_token
-from meshplan.cost_models.layout import layout_of
+from meshplan.cost_models.layout import layout_of, runtime_paths
 from meshplan.cost_models.published_comm import collective_rows
 from meshplan.cost_models.published import PublishedRow, all_training_rows
 from meshplan.cost_models.timing import block_time
@@ -32,7 +32,7 @@ def _best_micro_batch(plan: Plan, overrides: dict, prof: ClusterProfile) -> tupl
 
 def predict_layer_ms(row: PublishedRow, prof: ClusterProfile) -> float:
     """One block's forward, or backward (recompute included), for one micro-batch, in milliseconds."""
-    lay = replace(layout_of(row.plan), **row.layout_overrides)
+    lay = replace(runtime_paths(layout_of(row.plan), prof), **row.layout_overrides)
     bt = block_time(lay, prof, group_spans(lay, prof))
     if row.metric == "layer_forward_ms":
         return 1e3 * bt.forward_with_comm

@@ -1,0 +1,104 @@
+"""Host work on a GPU (cost_models/host.py host_beyond): the host runs ahead of the kernels, so a pass
+takes the longer of the two. A model whose kernels are nothing is priced its counted host work; compiled
+blocks, long kernels and stacks whose modules are not counted are priced as before."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.cost_models.estimate import estimate_plan, group_spans
+from meshplan.cost_models.host import BLOCK_OPS, EMBEDDING_OPS, HEAD_OPS
+from meshplan.cost_models.layout import layout_of, runtime_paths
+from meshplan.cost_models.timing import block_time, head_time
+from meshplan.profiles import load_profile
+from meshplan.specs.plan import plan_from_dict
+
+GPU = "h200-141g-dgx"
+
+
+def gpu_plan(model: str = "tiny-4l", seq: int = 128, batch: int = 4, mb: int = 1, ac: str = "none",
+             sac_ops=None, compile_: bool = False, stack: str | None = None) -> object:
+    raw = {"model": model, "cluster": GPU, "gpus": 1,
+           "training": {"seq_len": seq, "global_batch": batch, "micro_batch": mb, "dtype": "bf16"},
+           "parallel": {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "sequence_parallel": False,
+                        "async_tp": False, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None},
+           "memory": {"activation_checkpointing": ac, "sac_ops": sac_ops, "float8": False,
+                      "reshard_after_forward": True},
+           "compile": compile_}
+    if stack:
+        raw["stack"] = stack
+    return plan_from_dict(raw)
+
+
+def with_op_cost(op_s: float):
+    prof = load_profile(GPU)
+    return replace(prof, overheads=replace(prof.overheads, op_dispatch_s=op_s, python_dispatch_s=0.0,
+                                           checkpoint_op_s=0.0, sac_op_s=0.0))
+
+
+def test_a_host_bound_step_is_priced_its_counted_ops():
+    """At 1 ms an op every pass of tiny-4l is host-bound at either cost, so doubling the cost adds the
+    step's host work once: per micro-batch, 4 blocks of 109 forward and 145 backward ops, the head's
+    14 + 28 and the embedding's 2 + 3 (the counts tests/calibrate/test_host_costs.py checks)."""
+    plan = gpu_plan(batch=4, mb=1)
+    one, two = (estimate_plan(plan, with_op_cost(c)).step_time_s for c in (1e-3, 2e-3))
+    per_micro = 4 * (109 + 145) + (14 + 28) + (2 + 3)
+    assert (BLOCK_OPS["llama"].forward, BLOCK_OPS["llama"].backward) == (109, 145)
+    assert (HEAD_OPS.forward, HEAD_OPS.backward, EMBEDDING_OPS.forward, EMBEDDING_OPS.backward) == (14, 28, 2, 3)
+    assert two - one == pytest.approx(4 * per_micro * 1e-3, rel=1e-9)
+
+
+def test_host_work_shorter_than_the_kernels_adds_nothing():
+    """llama3-8b at seq 8192: each pass's kernels take milliseconds; 15 us an op hides under them."""
+    plan = gpu_plan(model="llama3-8b", seq=8192, batch=1, mb=1)
+    lay = runtime_paths(layout_of(plan), load_profile(GPU))
+    blocks = [block_time(lay, p, group_spans(lay, p)).total for p in (with_op_cost(15e-6), with_op_cost(0.0))]
+    assert blocks[0] == blocks[1]
+    heads = [head_time(lay, p) for p in (with_op_cost(15e-6), with_op_cost(0.0))]
+    assert heads[0] == heads[1]
+
+
+@pytest.mark.parametrize("change", [{"compile_": True}, {"stack": "megatron-core"}])
+def test_compiled_blocks_and_uncounted_stacks_carry_no_block_host_work(change):
+    """Compiled blocks launch Inductor's fused kernels; Megatron's modules are not the ones counted."""
+    plan = gpu_plan(batch=4, mb=1, **change)
+    lay = runtime_paths(layout_of(plan), load_profile(GPU))
+    times = [block_time(lay, p, group_spans(lay, p)).total for p in (with_op_cost(1e-3), with_op_cost(0.0))]
+    assert times[0] == times[1]
+
+
+def test_the_cpu_adds_host_work_in_line():
+    """gloo's CPU ranks: the host is the device, so host work adds to the kernels, it does not hide."""
+    plan = plan_from_dict({**_raw_cpu(), "compile": False})
+    prof = load_profile("cpu-gloo")
+    priced = replace(prof, overheads=replace(prof.overheads, op_dispatch_s=1e-3))
+    grown = estimate_plan(plan, priced).step_time_s - estimate_plan(plan, prof).step_time_s
+    assert grown >= 4 * (4 * (109 + 145)) * 1e-3
+
+
+def _raw_cpu() -> dict:
+    return {"model": "tiny-4l", "cluster": "cpu-gloo", "gpus": 1,
+            "training": {"seq_len": 128, "global_batch": 4, "micro_batch": 1, "dtype": "fp32"},
+            "parallel": {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "sequence_parallel": False,
+                         "async_tp": False, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None},
+            "memory": {"activation_checkpointing": "none", "sac_ops": None, "float8": False,
+                       "reshard_after_forward": True}}
+
+
+SAVE_ALL = ["qkv", "attention", "attn_out", "ffn_in"]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_policy_saving_every_matmul_still_replays_the_memory_bound_ops_eager(compiled):
+    """The wrapper recomputes what the policy does not save: eager, the norms, RoPE and activations run
+    again as their own kernels; compiled, Inductor fuses them into the backward's kernels (the H200 runs of
+    llama3.2-3b: that policy took 1 % longer than AC none)."""
+    plan = gpu_plan(model="llama3.2-3b", seq=4096, batch=1, mb=1, ac="selective", sac_ops=SAVE_ALL,
+                    compile_=compiled)
+    prof = with_op_cost(0.0)
+    lay = runtime_paths(layout_of(plan), prof)
+    bt = block_time(lay, prof, group_spans(lay, prof))
+    assert bt.recompute == (0.0 if compiled else pytest.approx(bt.kinds.elementwise_forward, rel=1e-12))
+    assert bt.kinds.elementwise_forward > 0
