@@ -57,7 +57,7 @@ class RawResults:
     notes: list[str]
     skipped: list[str]
     elapsed_s: float
-    host: HostCosts = HostCosts()  # per-op host costs (bench/host.py), medians over ranks; 0 on a GPU
+    host: HostCosts = HostCosts()  # per-op host costs (bench/host.py), medians over ranks
     fsdp_steps: dict | None = None  # a small FSDP2 model's steps, sharded and not (CPU worlds of 2+; in_step.py)
     pipeline_steps: list[dict] = field(default_factory=list)  # CPU worlds of 2+ processes (bench/pipeline.py)
     grouped_points: list[dict] = field(default_factory=list)  # routed experts' grouped GEMMs (compute.py)
@@ -142,9 +142,9 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
                           memory.source)
     dtypes, notes, mm, grouped, att, att_dtype, copy_gbs, eff = _compute_section(env, opts,
                                                                               budget.section(COMPUTE_SHARE), rep)
-    # The cost model adds host time in line with the compute (cost_models/host.py): right on a CPU,
-    # where the host is the device; on a GPU the host runs ahead of the kernels and it stays 0.
-    host = HostCosts() if env.is_cuda else bench_host_dispatch(env, 0.1 if opts.quick else 0.3, 5)
+    # The cost model adds host time in line with the compute on a CPU, where the host is the device, and
+    # where it outlasts the kernels on a GPU, where the host runs ahead of them (cost_models/host.py).
+    host = bench_host_dispatch(env, 0.1 if opts.quick else 0.3, 5)
     host = HostCosts(*(_scalar_median(v) for v in astuple(host)))
     # One process: nothing to communicate with; the builder takes collectives from a built-in profile.
     points = _collective_section(env, opts, sets, budget, rep) if env.world > 1 else []
