@@ -131,13 +131,12 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                             "and peak; the estimate uses each dtype's points (by seq_len and head_dim), forward "
                             "and backward, where measured",
         "overheads.context_gib": raw.memory.source.split(";")[-1].strip(),
-        "overheads.host": "measured (bench/host.py): op_dispatch_s = host time per aten op of the runtime's "
-                          "blocks (tiny-4l, 16 tokens; 4 blocks less 2), forward and backward; python_dispatch_s = "
-                          "the extra per op of a chain of tiny multiplies on replicated DTensors; checkpoint_op_s = "
-                          "the extra per forward op of a chain of tanh ops under checkpoint_wrapper (hooks and "
-                          "replay) over the same chain bare; sac_op_s = the further extra per forward op of a "
-                          "selective policy; medians over ranks; on a GPU the estimate prices them where they "
-                          "outlast the kernels (the host runs ahead)",
+        "overheads.host": "measured (bench/host.py): op_dispatch_s = host time per aten op of a chain of tiny "
+                          "multiplies, forward and backward; python_dispatch_s = the extra per op of the same chain "
+                          "on replicated DTensors; checkpoint_op_s = the extra per forward op of a chain of tanh ops "
+                          "under checkpoint_wrapper (hooks and replay) over the same chain bare; sac_op_s = the "
+                          "further extra per forward op of a selective policy; medians over ranks; on a GPU the "
+                          "estimate prices them where they outlast the kernels (the host runs ahead)",
     }
     prov["overheads.in_step"] = _in_step_source(raw)
     return device, prov

@@ -1,11 +1,10 @@
 """Host cost per eager op, as cost_models/host.py prices it, measured on tensors so small that the
 arithmetic is nothing and the host is everything:
 
-- `op_dispatch_s`: every aten op a training step dispatches (forward and backward): the runtime's own
-  blocks (tiny-4l's, one sequence of 16 tokens), the step time of 4 blocks less that of 2 over the ops
-  they add (runtime_block_op_s). On a CPU that is within 10 % of a chain of multiplies by a Python
-  number (the chain below); on a GPU a block's matmuls and attention go through cuBLAS and cuDNN, whose
-  host path the chain's multiply does not take;
+- `op_dispatch_s`: every aten op a training step dispatches (forward and backward): a chain of
+  multiplies by a Python number under autograd, forward and backward, on plain tensors. On a GPU the
+  cheapest op there is (no cuBLAS or cuDNN call): the runtime's blocks cost more per op there
+  (benchmarks/host_costs.py times them beside the chain);
 - `python_dispatch_s`: the extra of an op through DTensor's Python __torch_dispatch__ (sharding
   propagation and wrapping): the same chain on DTensors replicated over the world (no communication);
 - `checkpoint_op_s`: per forward op of a block under activation checkpointing, the extra of the
@@ -23,7 +22,7 @@ measured, the multiply chain gives 3.7-3.9, a tanh chain 2.4.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from functools import partial
 
 import torch
@@ -114,39 +113,6 @@ def costs_of(times: dict[str, float], ops: int) -> HostCosts:
                      max(0.0, (times["selective"] - times["full"]) / CHAIN))
 
 
-# The runtime's own blocks, timed on tensors too small for their kernels to matter: one token sequence of
-# SEQ, models of BLOCKS[0] and BLOCKS[1] blocks, the difference taken so the embedding, head and loss drop out.
-SEQ = 16
-BLOCKS = (2, 4)
-
-
-def runtime_block_op_s(env: BenchEnv, model: str, target_s: float, min_reps: int) -> float:
-    """Seconds per op of the runtime's blocks (`model`'s, forward and backward, eager, in the dtype the
-    runtime computes in on this device): what cost_models/host.py multiplies its counted ops by. On a GPU
-    the chain's multiply is the cheapest op there is (no cuBLAS or cuDNN call, one tiny output); a block
-    dispatches matmuls, attention, norms and the MoE layer's routing, each with its own host path."""
-    from meshplan.runtime.initialisation import init_weights
-    from meshplan.runtime.model import build_model
-    from meshplan.runtime.train import loss_fn
-    from meshplan.specs.registry import resolve_model
-
-    dtype = torch.bfloat16 if env.is_cuda else torch.float32
-    seconds, ops = [], []
-    for n in BLOCKS:
-        torch.manual_seed(0)
-        spec = replace(resolve_model(model), n_layers=n)
-        m = build_model(spec, env.device).to(dtype)
-        init_weights(m, spec, 0)
-        x = torch.randint(0, spec.vocab_size, (1, SEQ), device=env.device)
-
-        def step() -> None:
-            loss_fn(m(x), x).backward()
-
-        ops.append(count_ops(step))
-        seconds.append(time_local(step, env.sync, target_s / len(BLOCKS), min_reps, warmup=3).median_s)
-    return max(0.0, (seconds[1] - seconds[0]) / (ops[1] - ops[0]))
-
-
 def bench_host_dispatch(env: BenchEnv, target_s: float, min_reps: int) -> HostCosts:
     """All four costs on this rank: each the median over rounds of that round's difference. A shared host's
     speed can change by 2x for minutes; variants timed apart would put that change into a difference."""
@@ -163,7 +129,4 @@ def bench_host_dispatch(env: BenchEnv, target_s: float, min_reps: int) -> HostCo
                 "full": (checkpointed(False), plain), "selective": (checkpointed(True), plain)}
     rounds = [costs_of({k: _seconds(m, x, env, target_s / ROUNDS, max(1, min_reps // 2)) for k, (m, x) in
                         variants.items()}, ops) for _ in range(ROUNDS)]
-    chains = HostCosts(*(statistics.median(getattr(c, f.name) for c in rounds) for f in fields(HostCosts)))
-    # The plain op's cost is the runtime's own blocks' (the op mix host.py counts); the chains give the
-    # differences, which a wrapper or a dispatch mode adds to whatever op it sees.
-    return replace(chains, op_dispatch_s=runtime_block_op_s(env, "tiny-4l", target_s / 2, min_reps))
+    return HostCosts(*(statistics.median(getattr(c, f.name) for c in rounds) for f in fields(HostCosts)))
