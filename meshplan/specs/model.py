@@ -176,7 +176,13 @@ class ModelSpec:
         return norm + (0 if self.tied_embeddings else self.vocab_size * self.dim)
 
     def num_params(self) -> int:
-        return self.embedding_params() + sum(self.block_params(i) for i in range(self.n_layers)) + self.head_params()
+        # Kept on the (frozen) spec: the planner's memory bound asks for it once per mesh, and summing
+        # 126 blocks each time showed in profiles.
+        n = self.__dict__.get("_num_params")
+        if n is None:
+            n = self.embedding_params() + sum(self.block_params(i) for i in range(self.n_layers)) + self.head_params()
+            object.__setattr__(self, "_num_params", n)
+        return n
 
     def active_params(self) -> int:
         """Parameters one token runs through: all but the routed experts the router did not pick
