@@ -138,8 +138,9 @@ def moe_elementwise_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int) -
 # and aux loss (tests/calibrate/test_host_costs.py counts them again): the router, top-k, sort, the grouped
 # GEMMs and the weighted combine; the shared experts (one SwiGLU); the Switch aux loss (its statistics and
 # the gradient hook). Full AC's replay of an MoE block is 1.55x its forward ops, as a dense block's (1.52x),
-# so checkpoint_op_s per forward op prices it.
-MOE_ROUTED_OPS = (23.0, 30.0)
+# so checkpoint_op_s per forward op prices it. The routed part's 25 forward ops include the per-expert count's
+# zeros, ones and scatter-add (runtime/moe.expert_counts, in place of a bincount that syncs on CUDA).
+MOE_ROUTED_OPS = (25.0, 30.0)
 MOE_SHARED_OPS = (15.0, 32.0)
 MOE_AUX_OPS = (16.0, 16.0)
 # Under EP, per MoE layer and micro-batch: the dispatcher's ops beyond the local one's (the counts exchange,

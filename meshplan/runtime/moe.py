@@ -72,6 +72,13 @@ class SumOverGroup(torch.autograd.Function):
         return grad, None
 
 
+def expert_counts(flat: torch.Tensor, experts: int) -> torch.Tensor:
+    """Token-expert pairs per expert, without waiting for the device: torch.bincount on CUDA reads the
+    input's maximum back to size its output (a device-to-host sync in every MoE layer, which keeps the
+    host from running ahead of the kernels); a scatter-add into `experts` zeros does not."""
+    return torch.zeros(experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
 def grouped_mm_runs(x: torch.Tensor) -> bool:
     """Whether torch._grouped_mm takes these activations (specs/rules.py grouped_mm_kernel)."""
     capability = torch.cuda.get_device_capability(x.device) if x.device.type == "cuda" else None
@@ -242,7 +249,7 @@ class MoE(nn.Module):
         r = self.router(x, self.expert_bias, positions)
         tokens = x.reshape(-1, dim)
         flat = r.experts.flatten()
-        counts = torch.bincount(flat, minlength=self.spec.experts)  # pairs per expert: dispatch, aux loss, metrics
+        counts = expert_counts(flat, self.spec.experts)  # pairs per expert: dispatch, aux loss, metrics
         order = torch.argsort(flat, stable=True)
         token_of = order // self.spec.top_k
         routed = self.dispatch(self.experts, tokens[token_of], counts)

@@ -134,3 +134,18 @@ def test_a_model_counts_its_moe_layers_after_the_dense_ones():
     model = build_model(TINY, "meta")
     assert model.layers["0"].moe is None and model.layers["0"].feed_forward is not None
     assert len(moe_layers([model])) == TINY.n_layers - TINY.moe.dense_layers_first
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_expert_counts_are_a_brute_force_count(seed):
+    """runtime/moe.expert_counts (a scatter-add, which does not read the device back) counts each expert's
+    token-expert pairs as counting them one by one does, experts nobody picked included."""
+    from collections import Counter
+
+    from meshplan.runtime.moe import expert_counts
+
+    g = torch.Generator().manual_seed(seed)
+    flat = torch.randint(0, 12, (500,), generator=g)
+    flat[flat == 5] = 4  # expert 5 left empty
+    seen = Counter(flat.tolist())
+    assert expert_counts(flat, 16).tolist() == [seen.get(e, 0) for e in range(16)]
