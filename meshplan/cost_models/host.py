@@ -34,7 +34,7 @@ from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import ClusterProfile, Overheads
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import SINGLE_STAGE_SCHEDULES
-from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES, cp_gather_tiles
+from meshplan.specs.rules import GATHER, SPLIT_BACKWARD_SCHEDULES, cp_gather_tiles
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ TP_CALLS = {True: PassCounts(4, 6, 4), False: PassCounts(2, 2, 2)}
 # by tile with an online softmax, backward re-gathers K/V and reduce-scatters their gradients. Per block and
 # micro-batch, counted on tiny-4l at seq 128 and 2048 (5 and 18 visible tiles on each of 2 ranks, 2 and 4 of
 # them diagonal): a fixed part (the SDPA call it replaces taken off), one set per visible query x key tile
-# pair, and the causal mask's 3 more on the diagonal ones. The ring path (NCCL) runs on GPUs, where host
-# work is not priced.
+# pair, and the causal mask's 3 more on the diagonal ones. The ring path (NCCL, on GPUs) is not counted
+# (block_host).
 CP_GATHER_OPS = PassCounts(19, 23)
 CP_GATHER_TILE_OPS = PassCounts(44, 69)
 CP_GATHER_MASK_OPS = 3
@@ -158,7 +158,9 @@ def block_host(lay: Layout, layer: int | None = None) -> tuple[HostOps, HostOps,
         f += HostOps(python=dt.forward, calls=calls.forward)
         b += HostOps(python=dt.backward, calls=calls.backward)
         r += HostOps(python=dt.recompute, calls=calls.recompute) * replay
-    if lay.cp > 1:
+    if lay.cp > 1 and lay.cp_attention == GATHER:
+        # The gather path's tiles (gloo). PyTorch's ring attention (NCCL) is not counted: its host work,
+        # a few ops per ring step, is left unpriced.
         cp_f, cp_b = cp_gather_ops(lay)
         f += HostOps(cp_f, calls=CP_CALLS.forward)
         b += HostOps(cp_b, calls=CP_CALLS.backward)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from meshplan.cost_models.estimate import estimate_plan, group_spans
-from meshplan.cost_models.host import BLOCK_OPS, EMBEDDING_OPS, HEAD_OPS
+from meshplan.cost_models.host import BLOCK_OPS, EMBEDDING_OPS, HEAD_OPS, block_host
 from meshplan.cost_models.layout import layout_of, runtime_paths
 from meshplan.cost_models.timing import block_time, head_time
 from meshplan.profiles import load_profile
@@ -102,3 +102,14 @@ def test_a_policy_saving_every_matmul_still_replays_the_memory_bound_ops_eager(c
     bt = block_time(lay, prof, group_spans(lay, prof))
     assert bt.recompute == (0.0 if compiled else pytest.approx(bt.kinds.elementwise_forward, rel=1e-12))
     assert bt.kinds.elementwise_forward > 0
+
+
+def test_ring_attention_carries_no_gather_tiles():
+    """On NCCL, CP runs PyTorch's ring attention, not the gather path whose Python tiles host.py counts:
+    an eager CP 2 block on a GPU prices the same host work as without CP."""
+    plan = gpu_plan(model="llama3.2-3b", seq=4096, batch=1, mb=1)
+    lay = runtime_paths(layout_of(plan), load_profile(GPU))
+    cp2 = lay.with_(cp=2, gpus=2)
+    assert cp2.cp_attention == "ring"
+    assert block_host(cp2) == block_host(lay)
+    assert block_host(cp2.with_(cp_attention="gather"))[0].ops > block_host(lay)[0].ops
