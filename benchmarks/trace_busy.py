@@ -1,7 +1,8 @@
 """How busy the GPU was in a profiled step: from a chrome trace (meshplan run --profile-steps), the
 union of the GPU kernel and memcpy intervals against the step's span, the kernel count, the CUDA
-runtime calls that block the host (cudaStreamSynchronize, cudaMemcpy... : a D2H read is one), and the
-longest host-side gaps with no GPU work. A step whose busy share is low is bound by the host (eager
+runtime calls that synchronise or copy ("blocking_calls": the synchronizes and cudaMemcpy, which block
+the host, and cudaMemcpyAsync, which blocks it only for a device-to-host read into pageable memory), and
+the longest gaps with no GPU work. A step whose busy share is low is bound by the host (eager
 launch overhead, syncs), which a per-kernel cost model does not see.
 
     python benchmarks/trace_busy.py run/profile/rank0_step2.json [more traces]

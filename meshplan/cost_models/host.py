@@ -266,8 +266,16 @@ def priced(prof: ClusterProfile) -> bool:
 def host_beyond(device_s: float, host_s: float) -> float:
     """What a pass's host work adds where the host runs ahead of the kernels (a GPU): the kernels queue
     while the host issues the next ones, so a pass takes the longer of the two. Per block pass, as a
-    sync-free eager step runs them (the H200 moe-1b rows in data/validation/gpu_host_bound.csv)."""
+    sync-free eager step runs them (the H200 moe-1b rows, benchmarks/plans/gpu_rows.csv)."""
     return max(0.0, host_s - device_s)
+
+
+def host_added(lay: Layout, device_s: float, host_s: float) -> float:
+    """Seconds a pass's host work adds to its kernels' `device_s`: none where the counts are not the stack's
+    modules (Layout.host_counted), all of it in line on a CPU, what outlasts the kernels on a GPU."""
+    if not lay.host_counted:
+        return 0.0
+    return host_beyond(device_s, host_s) if lay.host_ahead else host_s
 
 
 def step_host_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:

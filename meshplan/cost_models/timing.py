@@ -9,7 +9,7 @@ from meshplan.cost_models.activations import attention_core_only, recomputed_kin
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
-from meshplan.cost_models.host import block_host, embedding_host, head_host, host_beyond
+from meshplan.cost_models.host import block_host, embedding_host, head_host, host_added
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, moe_elementwise_elems, routed_expert_times,
                                       routing)
@@ -173,11 +173,11 @@ def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile, layer: int) -> N
         return
     f, b, r = block_host(lay, layer)
     o = prof.overheads
-    if lay.host_ahead:
-        fwd = host_beyond(bt.forward, f.seconds(o))
-        bwd = host_beyond(bt.backward_input + bt.backward_weight + bt.recompute, b.seconds(o) + r.seconds(o))
+    fwd = host_added(lay, bt.forward, f.seconds(o))
+    if lay.host_ahead:  # the recompute's host work overlaps the backward's kernels with the rest
+        bwd = host_added(lay, bt.backward_input + bt.backward_weight + bt.recompute, b.seconds(o) + r.seconds(o))
     else:
-        fwd, bwd = f.seconds(o), b.seconds(o)
+        bwd = host_added(lay, bt.backward_input, b.seconds(o))
         bt.recompute += r.seconds(o)
     bt.forward += fwd
     bt.backward_input += bwd
@@ -444,16 +444,11 @@ def head_time(lay: Layout, prof: ClusterProfile) -> HeadTime:
     if lay.loss_compiled:
         loss /= prof.overheads.compile_speedup
     fwd, bwd = fwd_mm + loss, 2 * fwd_mm + loss
-    if not lay.host_counted:
-        return HeadTime(fwd, bwd)
     host_f, host_b = head_host(lay)
     o = prof.overheads
-    if lay.host_ahead:
-        return HeadTime(fwd + host_beyond(fwd, host_f.seconds(o)), bwd + host_beyond(bwd, host_b.seconds(o)))
-    return HeadTime(forward=fwd + host_f.seconds(o), backward=bwd + host_b.seconds(o))
+    return HeadTime(fwd + host_added(lay, fwd, host_f.seconds(o)), bwd + host_added(lay, bwd, host_b.seconds(o)))
 
 
 def embedding_time(lay: Layout, prof: ClusterProfile) -> float:
     lookup = memory_bound_time(prof.device, 3 * lay.tokens_per_micro * lay.spec.dim * lay.act_bytes)
-    host = embedding_host(lay).seconds(prof.overheads) if lay.host_counted else 0.0
-    return lookup + (host_beyond(lookup, host) if lay.host_ahead else host)
+    return lookup + host_added(lay, lookup, embedding_host(lay).seconds(prof.overheads))

@@ -19,9 +19,10 @@ GPU = "h200-141g-dgx"
 
 
 def gpu_plan(model: str = "tiny-4l", seq: int = 128, batch: int = 4, mb: int = 1, ac: str = "none",
-             sac_ops=None, compile_: bool = False, stack: str | None = None) -> object:
-    raw = {"model": model, "cluster": GPU, "gpus": 1,
-           "training": {"seq_len": seq, "global_batch": batch, "micro_batch": mb, "dtype": "bf16"},
+             sac_ops=None, compile_: bool = False, stack: str | None = None, cluster: str = GPU,
+             dtype: str = "bf16") -> object:
+    raw = {"model": model, "cluster": cluster, "gpus": 1,
+           "training": {"seq_len": seq, "global_batch": batch, "micro_batch": mb, "dtype": dtype},
            "parallel": {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "sequence_parallel": False,
                         "async_tp": False, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None},
            "memory": {"activation_checkpointing": ac, "sac_ops": sac_ops, "float8": False,
@@ -71,20 +72,11 @@ def test_compiled_blocks_and_uncounted_stacks_carry_no_block_host_work(change):
 
 def test_the_cpu_adds_host_work_in_line():
     """gloo's CPU ranks: the host is the device, so host work adds to the kernels, it does not hide."""
-    plan = plan_from_dict({**_raw_cpu(), "compile": False})
+    plan = gpu_plan(cluster="cpu-gloo", dtype="fp32")
     prof = load_profile("cpu-gloo")
     priced = replace(prof, overheads=replace(prof.overheads, op_dispatch_s=1e-3))
     grown = estimate_plan(plan, priced).step_time_s - estimate_plan(plan, prof).step_time_s
     assert grown >= 4 * (4 * (109 + 145)) * 1e-3
-
-
-def _raw_cpu() -> dict:
-    return {"model": "tiny-4l", "cluster": "cpu-gloo", "gpus": 1,
-            "training": {"seq_len": 128, "global_batch": 4, "micro_batch": 1, "dtype": "fp32"},
-            "parallel": {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "tp": 1, "pp": 1, "sequence_parallel": False,
-                         "async_tp": False, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None},
-            "memory": {"activation_checkpointing": "none", "sac_ops": None, "float8": False,
-                       "reshard_after_forward": True}}
 
 
 SAVE_ALL = ["qkv", "attention", "attn_out", "ffn_in"]
