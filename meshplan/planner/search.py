@@ -27,6 +27,7 @@ from typing import Any
 
 from meshplan.cost_models.estimate import estimate_layout
 from meshplan.planner.bounds import Bounds
+from meshplan.planner.collector import collections_held_back
 from meshplan.planner.constraints import BATCH, batch_reason
 from meshplan.planner.enumeration import Enumeration
 from meshplan.planner.leaves import Leaves
@@ -143,7 +144,8 @@ def search(plan: Plan, profile: ClusterProfile, top_k: int = 10, excludes: dict[
     t0 = time.perf_counter()
     space = Space.from_plan(plan, profile, excludes)
     s = _Search(space, profile, top_k)
-    s.run(default_jobs() if jobs is None else jobs)
+    with collections_held_back():
+        s.run(default_jobs() if jobs is None else jobs)
     ranked = s.pool.ranked()
     for cand in ranked:
         # The exact estimate (exact schedule simulation) replaces the screening figures.
