@@ -25,10 +25,15 @@ class GroupSpan:
 
     size: int
     ranks_per_node: int
+    # Hosts the group's most spread member touches, where the mesh's blocks straddle host boundaries
+    # (estimate.group_spans); None: as many as its size needs at ranks_per_node a host.
+    hosts: int | None = None
 
     @property
     def nodes(self) -> int:
-        return max(1, self.size // max(1, self.ranks_per_node))
+        if self.hosts is not None:
+            return self.hosts
+        return max(1, -(-self.size // max(1, self.ranks_per_node)))
 
 
 def collective_time(profile: ClusterProfile, collective: str, payload_bytes: float, span: GroupSpan,

@@ -101,13 +101,31 @@ def group_spans(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEFA
 def _group_spans(pp: int, dp_replicate: int, dp_shard: int, cp: int, tp: int, devices_per_node: int,
                  order: tuple[str, ...]) -> dict[str, GroupSpan]:
     degrees = {"pp": pp, "dp_replicate": dp_replicate, "dp_shard": dp_shard, "cp": cp, "tp": tp}
+    world = pp * dp_replicate * dp_shard * cp * tp
     spans, inner = {}, 1
     for dim in reversed(order):
         d = degrees[dim]
         per_node = max(1, min(d, devices_per_node // inner)) if inner < devices_per_node else 1
-        spans[dim] = GroupSpan(d, per_node)
+        spans[dim] = GroupSpan(d, per_node, _hosts_touched(d, inner, world, devices_per_node))
         inner *= d
     return spans
+
+
+def _hosts_touched(d: int, inner: int, world: int, devices_per_node: int) -> int:
+    """The most hosts any group of a dim touches, ranks filling hosts in order: its members sit `inner`
+    ranks apart, and its groups start at b + s * inner * d (b < inner). Where d * inner does not divide
+    the host (3-way CP inside 2-way TP on 8-GPU hosts, 64-rank blocks on a 72-GPU NVL72 domain), some
+    groups straddle a host boundary that the group containing rank 0 does not (tests/planner/test_placement
+    checks this against a topology graph)."""
+    if inner >= devices_per_node:  # members a host or more apart: each on its own
+        return d
+    block = inner * d
+    last = 0
+    for s in range(min(world // block, devices_per_node)):  # start residues repeat within a host's width
+        start = s * block % devices_per_node
+        last = max(last, devices_per_node - 1 if start + inner - 1 >= devices_per_node else start + inner - 1)
+    # Consecutive members are under a host apart, so a group touches every host from its first to its last.
+    return (last + (d - 1) * inner) // devices_per_node + 1
 
 
 def placement_of(spans: dict[str, GroupSpan], prof: ClusterProfile) -> dict[str, str]:

@@ -5,11 +5,10 @@ order (outer to inner) decides the spans: dims placed innermost share a node. `d
 keeps, for one set of degrees, one order per distinct span assignment (orders giving the same
 spans score identically), starting with TorchTitan's (tp innermost).
 
-`topology_placement` derives the same mapping independently from a networkx graph of the cluster
-(nodes = devices, edges weighted by link level: node-local links inside a host, the network
-between hosts through a switch vertex): each dim's group containing rank 0 is mapped to devices
-and charged to the slowest link level on the paths between its members. It is used for the
-plans the planner writes (the `placement:` field) and checked against `group_spans` in tests.
+`placement_for` writes the plan's `placement:` field from those spans. tests/planner/topology_oracle.py
+derives the same field independently, from a networkx graph of the cluster's devices, hosts and
+fabric, and test_placement checks the two agree (the graph is not built here: importing networkx
+cost a cold `meshplan plan` 0.08 s for a mapping the spans already give).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from __future__ import annotations
 import itertools
 
 from meshplan.cost_models.comm import GroupSpan
-from meshplan.cost_models.estimate import DEFAULT_MESH_ORDER, group_spans
+from meshplan.cost_models.estimate import DEFAULT_MESH_ORDER, group_spans, placement_of
 from meshplan.cost_models.layout import Layout
 from meshplan.profiles.schema import ClusterProfile
 
@@ -49,63 +48,7 @@ def distinct_orders(lay: Layout, prof: ClusterProfile) -> list[tuple[tuple[str, 
     return out
 
 
-def _rank_coords(order: tuple[str, ...], degrees: dict[str, int], rank: int) -> dict[str, int]:
-    coords = {}
-    for dim in reversed(order):
-        rank, coords[dim] = divmod(rank, degrees[dim])
-    return coords
-
-
-def _rank_of(order: tuple[str, ...], degrees: dict[str, int], coords: dict[str, int]) -> int:
-    r = 0
-    for dim in order:
-        r = r * degrees[dim] + coords[dim]
-    return r
-
-
-def _topology(devices: set[int], devices_per_node: int, node_level: str, cluster_level: str):
-    """Devices joined to their host's switch by the node level, hosts to one fabric by the network
-    (only the hosts the groups touch are built, so a 16k-GPU cluster stays a small graph)."""
-    import networkx as nx
-
-    g = nx.Graph()
-    hosts = {d // devices_per_node for d in devices}
-    for d in devices:
-        g.add_edge(d, ("host", d // devices_per_node), level=node_level, weight=1)
-    if len(hosts) > 1:
-        for h in hosts:
-            g.add_edge(("host", h), "fabric", level=cluster_level, weight=10)
-    return g
-
-
-def topology_placement(degrees: dict[str, int], order: tuple[str, ...], prof: ClusterProfile) -> dict[str, str]:
-    """dim -> link level its rank-0 group spans, from the topology graph (dims of size 1 omitted)."""
-    import networkx as nx
-
-    severity = {"node": 0, "cluster": 1}
-    scope = {l.name: l.scope for l in prof.links}
-    origin = _rank_coords(order, degrees, 0)
-    groups = {dim: [_rank_of(order, degrees, {**origin, dim: i}) for i in range(degrees[dim])]
-              for dim in order if degrees[dim] > 1}
-    devices = {d for members in groups.values() for d in members}
-    if not devices:
-        return {}
-    g = _topology(devices, prof.devices_per_node, prof.node_level(), prof.cluster_level())
-    out = {}
-    for dim, members in groups.items():
-        paths = nx.single_source_dijkstra_path(g, members[0], weight="weight")
-        worst = prof.node_level()
-        for m in members[1:]:
-            path = paths[m]
-            for a, b in zip(path, path[1:]):
-                lvl = g.edges[a, b]["level"]
-                if severity[scope[lvl]] > severity[scope[worst]]:
-                    worst = lvl
-        out[dim] = worst
-    return out
-
-
 def placement_for(lay: Layout, order: tuple[str, ...], prof: ClusterProfile) -> dict[str, str]:
-    """The plan's `placement:` field, from the topology graph."""
-    degrees = {"pp": lay.pp, "dp_replicate": lay.dp_replicate, "dp_shard": lay.dp_shard, "cp": lay.cp, "tp": lay.tp}
-    return topology_placement(degrees, order, prof)
+    """The plan's `placement:` field: the link level each dim's group crosses, from the spans the
+    estimate charged its collectives by (so the field says what was priced)."""
+    return placement_of(group_spans(lay, prof, order), prof)
