@@ -174,3 +174,23 @@ def test_a_moe_model_is_planned_with_ep_searched_and_only_what_runs(tmp_path, ca
         assert moe_tp_reason(True, ep, tp, r["parallel.sequence_parallel"] == "True") is None
         assert r["compile"] == "False"
     assert len({r["parallel.ep"] for r in rows}) > 1
+
+
+@pytest.mark.parametrize("through", [["-m", "meshplan"], ["-c", "from meshplan.cli import entry; entry()"]])
+def test_a_process_that_skips_finalisation_leaves_everything_written(tmp_path, through):
+    """`meshplan plan` ends its process without the interpreter's finalisation (cli.SKIP_FINALISATION):
+    its JSON on stdout is whole, its files are in place, its exit code is main's; bad input still exits 2."""
+    import json
+    import subprocess
+    import sys
+
+    argv, out = plan_cmd(tmp_path, "--json")
+    proc = subprocess.run([sys.executable, *through, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["files"]["plan"] == str(out) and out.is_file()
+    assert (tmp_path / "best.candidates.csv").is_file()
+    assert yaml.safe_load(out.read_text())["parallel"] == data["best"]["plan"]["parallel"]
+    bad = subprocess.run([sys.executable, *through, *BASE, "--gpus", "0", "--out", str(tmp_path / "b.yaml")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--gpus" in bad.stderr and not (tmp_path / "b.yaml").exists()
