@@ -14,32 +14,10 @@ import pytest
 # Lets tests import helpers.py next to them.
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import STEPS, Run, free_port, metrics, plan, start_run, write_plan  # noqa: E402
+from helpers import STEPS, Job, Run, free_port, metrics, plan, start_run, write_plan  # noqa: E402
 from meshplan.runtime.checkpoint import latest  # noqa: E402
 
 COMMON = ("--steps", str(STEPS), "--track-memory", "off", "--quiet")
-
-
-@dataclass
-class Job:
-    """One scenario: its agents (one `meshplan run` per node) and run directory."""
-
-    runs: list[Run]
-    out: Path
-    codes: list[int] | None = None
-
-    def wait(self) -> list[int]:
-        if self.codes is None:
-            self.codes = [r.wait() for r in self.runs]
-        return self.codes
-
-    def ok(self) -> "Job":
-        codes = self.wait()
-        assert codes == [0] * len(codes), f"exit codes {codes}:\n" + "\n".join(r.text()[-3000:] for r in self.runs)
-        return self
-
-    def text(self) -> str:
-        return "".join(r.text() for r in self.runs)
 
 
 @dataclass
@@ -57,9 +35,12 @@ class Jobs:
             endpoint, rdzv_id = f"127.0.0.1:{free_port()}", f"t-{uuid.uuid4().hex[:8]}"
             extra = [["--nnodes", str(nodes), "--node-rank", str(r), "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id]
                      for r in range(nodes)]
-        runs = [start_run(self.root / f"{name}.{i}.log", "--plan", str(self.plans[plan_name]), "--out", str(out),
-                          *COMMON, *args, *e, env=env) for i, e in enumerate(extra)]
-        self.jobs[name] = Job(runs, out)
+
+        def start_all(attempt: str = "") -> list[Run]:
+            return [start_run(self.root / f"{name}{attempt}.{i}.log", "--plan", str(self.plans[plan_name]), "--out",
+                              str(out), *COMMON, *args, *e, env=env) for i, e in enumerate(extra)]
+
+        self.jobs[name] = Job(start_all(), out, lambda: start_all(".again"))
         return self.jobs[name]
 
     def __getitem__(self, name: str) -> Job:

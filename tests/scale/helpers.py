@@ -4,6 +4,7 @@ time limits (each in its own session, so a timeout kills torchrun and every work
 from __future__ import annotations
 
 import contextlib
+import shutil
 import copy
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,3 +112,37 @@ def assert_losses_match(got: dict[int, float], want: dict[int, float], rel: floa
     assert sorted(got) == steps, f"steps logged: {sorted(got)}, expected {steps}"
     for s in steps:
         assert abs(got[s] - want[s]) <= rel * abs(want[s]), f"step {s}: {got[s]} vs {want[s]} (rel tol {rel})"
+
+
+# What a worker prints when its TCPStore cannot listen: torchrun picks the master port free and rank 0
+# binds it later, so of the runs the scale fixture starts at once another can take it in between (seen
+# once in six CI runs, at b96aaa6). That is the harness's concurrency, not the run under test: started again.
+PORT_TAKEN = "EADDRINUSE"
+
+
+@dataclass
+class Job:
+    """One scenario: its agents (one `meshplan run` per node), run directory, and how to start it again."""
+
+    runs: list[Run]
+    out: Path
+    restart: Callable[[], list[Run]]
+    codes: list[int] | None = None
+
+    def wait(self) -> list[int]:
+        if self.codes is None:
+            codes = [r.wait() for r in self.runs]
+            if any(codes) and PORT_TAKEN in self.text():
+                shutil.rmtree(self.out, ignore_errors=True)
+                self.runs = self.restart()
+                codes = [r.wait() for r in self.runs]
+            self.codes = codes
+        return self.codes
+
+    def ok(self) -> "Job":
+        codes = self.wait()
+        assert codes == [0] * len(codes), f"exit codes {codes}:\n" + "\n".join(r.text()[-3000:] for r in self.runs)
+        return self
+
+    def text(self) -> str:
+        return "".join(r.text() for r in self.runs)
