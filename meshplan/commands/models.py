@@ -28,5 +28,6 @@ def main(argv: list[str]) -> int:
         print(f"{m.name:<16} {m.arch:<6} {m.num_params():>17,} {m.active_params():>17,} {m.dim:>6} {m.n_layers:>6} "
               f"{m.n_heads:>5} {m.n_kv_heads:>3} {m.ffn_dim:>6} {experts_cell(m):<18} {m.vocab_size:>7}  "
               f"{', '.join(aliases)}")
-    print("Mixture-of-experts models are listed with their parameters; planning them is not yet built (issue 28).")
+    print("active: the parameters one token runs (a mixture-of-experts model's shared and top-k routed experts); "
+          "MFU counts these, as Megatron-Core reports it.")
     return 0
