@@ -463,6 +463,7 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
     routed = sp.routed if lay.ep > 1 else 0.0
     params = sp.total - routed
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
+    grad_bytes = lay.grad_reduce_bytes
     share = prof.overheads.fsdp_overlap
     c = DataParallelComm(mechanism=lay.dp_overlap, hideable=share * windows.busy,
                          gather_window=share * windows.forward, reduce_window=share * windows.backward)
@@ -472,22 +473,22 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
         held = lay.pp > 1 or not lay.reshard_after_forward
         gathers = 1 if held else 2 * lay.n_micro
         c.all_gather = gathers * collective_time(prof, "all_gather", params * gather_bytes, span, calls=units)
-        c.reduce_scatter = lay.grad_reductions * collective_time(prof, "reduce_scatter", params * 4.0, span,
+        c.reduce_scatter = lay.grad_reductions * collective_time(prof, "reduce_scatter", params * grad_bytes, span,
                                                                  calls=units)
         c.tail_all_gather = collective_time(prof, "all_gather", sp.block * gather_bytes, span)
-        c.tail_reduce_scatter = collective_time(prof, "reduce_scatter", sp.block * 4.0, span)
+        c.tail_reduce_scatter = collective_time(prof, "reduce_scatter", sp.block * grad_bytes, span)
         efsdp = lay.routed_fsdp_shard
         if routed and efsdp > 1:
             espan = _expert_fsdp_span(spans, lay)
             moe_units = sum(n for k, n in sp.kinds if lay.spec.is_moe_layer(k))
             c.all_gather += gathers * collective_time(prof, "all_gather", routed * gather_bytes, espan, calls=moe_units)
-            c.reduce_scatter += lay.grad_reductions * collective_time(prof, "reduce_scatter", routed * 4.0, espan,
+            c.reduce_scatter += lay.grad_reductions * collective_time(prof, "reduce_scatter", routed * grad_bytes, espan,
                                                                       calls=moe_units)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
         local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
-        c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", local * 4.0, span, calls=units)
-        c.tail_all_reduce = collective_time(prof, "all_reduce", sp.block * 4.0 / lay.fsdp_shard, span)
+        c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", local * grad_bytes, span, calls=units)
+        c.tail_all_reduce = collective_time(prof, "all_reduce", sp.block * grad_bytes / lay.fsdp_shard, span)
     return c
 
 

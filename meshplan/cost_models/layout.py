@@ -48,6 +48,11 @@ class Layout:
     # When data-parallel gradients are reduced while micro-batches accumulate: every_microbatch (FSDP2,
     # HSDP and composable DDP as the runtime and TorchTitan run them) | last_microbatch (Megatron's DDP).
     grad_sync: str = "every_microbatch"
+    # Bytes per gradient element the data-parallel reductions move: 4 where gradients are reduced in fp32
+    # (FSDP2's reduce_dtype as the runtime and TorchTitan set it; Megatron-LM forces fp32 all-reduce under
+    # bf16), 2 where the stack reduces in bf16 (FSDP1 with a bf16 MixedPrecision reduce_dtype: IBM's
+    # fms-fsdp bfSixteen, Composer's PURE).
+    grad_reduce_bytes: float = 4.0
     # What compute the data-parallel collectives run under (estimate.data_parallel_comm): prefetch (FSDP1
     # and FSDP2 gather the next unit and reduce the last one beside each unit's compute, every micro-batch:
     # the runtime, TorchTitan, Composer) | buckets (Megatron-Core's overlap_param_gather and

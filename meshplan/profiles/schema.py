@@ -166,6 +166,16 @@ class ClusterProfile:
     def supports_float8(self) -> bool:
         return "fp8" in self.device.peak_tflops
 
+    def with_network_per_device(self, gbs: float) -> "ClusterProfile":
+        """The same cluster on another network: its cluster-level link at `gbs` GB/s per device, and that
+        level's collectives scaled by the same ratio (the profile's collective-to-link efficiency kept). For
+        a published run whose page states its own network."""
+        level = self.cluster_level()
+        ratio = gbs / self.link(level).bandwidth_gbs
+        links = [replace(l, bandwidth_gbs=gbs) if l.name == level else l for l in self.links]
+        collectives = {**self.collectives, level: {c: fit.scaled(ratio) for c, fit in self.collectives[level].items()}}
+        return replace(self, links=links, collectives=collectives)
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
