@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from meshplan.cost_models import constants
-from meshplan.cost_models.constants import EVERY_GPU, LLMFOUNDRY, PROFILE_CONSTANTS, ProfileConstant
+from meshplan.cost_models.constants import EVERY_GPU, IBM_FMS, LLMFOUNDRY, PROFILE_CONSTANTS, ProfileConstant
 from meshplan.cost_models.published import MEGATRON_BRIDGE_MOE, PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
@@ -298,7 +298,7 @@ def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = Fal
     lines = [title, f"{'source':<40} " + " ".join(f"{k + ' MAPE  bias  w/in15':>28}" for k in errs)]
     sources = list(dict.fromkeys(e.source for v in errs.values() for e in v))
     groups = {"dense runs": lambda e: not is_moe_source(e.source),
-              "dense, TorchTitan and Megatron": lambda e: not is_moe_source(e.source) and e.source != LLMFOUNDRY,
+              "dense, TorchTitan and Megatron": lambda e: not is_moe_source(e.source) and e.source not in (LLMFOUNDRY, IBM_FMS),
               "MoE runs": lambda e: is_moe_source(e.source), "overall": lambda e: True}
     for src in sources + list(groups):
         cells = []

@@ -47,8 +47,10 @@ is assumed once here, and printed by `meshplan validate`:
   forward, SHARD_GRAD_OP without, gradients reduced at every micro-batch, the collectives prefetched
   beside each block (dp_overlap prefetch); flash attention; eager elementwise ops as ATen runs a GPT
   block (timing.ATEN_GPT_PASSES: its LayerNorm and GELU one kernel each), no torch.compile; the
-  loss eager. Its unpadding copies around flash attention, its fp32 or bf16 reductions (DEFAULT or
-  PURE) and the flash-attention version of its day are not told apart. The figure is tokens/s per
+  loss eager; gradients reduced in fp32. Composer's PURE mode reduces in bf16, and its DEFAULT mode
+  did too in some 2023 releases (reduce_dtype = the precision) and not in later ones (fp32); the page
+  does not name its Composer release, so the modes are not told apart (Layout.grad_reduce_bytes 4).
+  Nor are its unpadding copies around flash attention and the flash-attention version of its day. The figure is tokens/s per
   GPU. A100 40GB rows (no built-in profile) and Transformer Engine FP8 rows are skipped; H100 rows are
   priced on the 700 W h100-80g-dgx, A100 80GB rows on a100-80g-dgx (its 1600 Gb/s RoCE per node is the
   DGX A100's 8 x 200 Gb/s).
@@ -58,10 +60,10 @@ from __future__ import annotations
 
 import csv
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 
-from meshplan.cost_models.constants import LLMFOUNDRY
+from meshplan.cost_models.constants import IBM_FMS, LLMFOUNDRY
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
 from meshplan.specs.registry import resolve_model
@@ -78,6 +80,7 @@ class PublishedRow:
     published_memory_gib: float | None = None
     skipped: str | None = None
     layout_overrides: dict = field(default_factory=dict)  # what the plan file cannot say about the run
+    network_gbs_per_gpu: float | None = None  # the run's own network where its page states it (else the profile's)
 
 
 def read_published_csv(name: str) -> list[dict[str, str]]:
@@ -291,8 +294,8 @@ def llmfoundry_skip(r: dict[str, str]) -> str | None:
 def llmfoundry_rows() -> list[PublishedRow]:
     """MosaicML's MPT throughput table (PyTorch FSDP1 through Composer, data parallel only): FULL_SHARD
     as FSDP with reshard after forward, SHARD_GRAD_OP without; gradients reduce-scattered at every
-    micro-batch (Composer's FSDP has no no_sync); fp32 reductions (DEFAULT) or bf16 (PURE) priced alike
-    at fp32; activation checkpointing per block where listed."""
+    micro-batch (Composer's FSDP has no no_sync); gradients reduced in fp32 whatever the mixed-precision
+    mode (see the module docstring); activation checkpointing per block where listed."""
     rows = []
     for r in read_published_csv("mosaicml_llmfoundry_mpt_throughput.csv"):
         size, seq, gpus = r["model"], int(r["seq_len"]), int(r["gpus"])
@@ -315,6 +318,68 @@ def llmfoundry_rows() -> list[PublishedRow]:
     return rows
 
 
+IBM_PROFILES = {"h100_80gb": "h100-80g-dgx", "a100_80gb": "a100-80g-dgx"}
+# What fms-fsdp ran that the plan file cannot say: SDPA's flash attention (FlashAttention-2), its eager
+# RMSNorm and RoPE, and torch.compile (where on) over the model, not the loss (main_training.py compiles
+# the model; the cross-entropy is computed outside it).
+# Gradients reduced in bf16: fms-fsdp's bfSixteen MixedPrecision (fms_fsdp/policies/mixed_precision.py,
+# reduce_dtype=torch.bfloat16), FSDP1's reduce-scatter and HSDP's all-reduce alike.
+IBM_OVERRIDES = {"attention_kernel": "flash", "elementwise_kernels": "pytorch", "compiles_loss": False,
+                 "grad_reduce_bytes": 2.0}
+
+
+def llama2_spec(size: str) -> ModelSpec:
+    """fms-fsdp's Llama 2 variants (fms_fsdp/utils/config_utils.py get_model_config): the 7B and 70B as
+    Meta's; the 34B as the 70B's shape with 48 layers and an FFN of 22016 (Code Llama 34B's)."""
+    if size == "34b":
+        return replace(resolve_model("llama2-70b"), name="llama2-34b", n_layers=48, ffn_dim=22016)
+    return resolve_model(f"llama2-{size}")
+
+
+def ibm_skip(r: dict[str, str]) -> str | None:
+    """Why a row of the fms-fsdp tables is not scored, or None. Its "Selective AC" checkpoints a share of
+    the blocks (fms_fsdp/policies/ac_handler.py, selective_checkpointing), which the table does not print;
+    its HFU / MFU tells the share (recompute adds a forward: 4/3 for every block). The page runs the same
+    scripts on both GPUs, so one share per model: 34B and 70B at 1.24-1.35, full recompute within the
+    rounding of two-digit MFUs, priced as full AC; 13B at 1.07-1.16 (about 2 blocks in 5), a layout the
+    plan file cannot state."""
+    if r["activation_checkpointing"] == "Selective AC" and float(r["hfu"]) / float(r["mfu"]) < 1.2:
+        return f"selective AC over a share of the blocks (HFU / MFU {float(r['hfu']) / float(r['mfu']):.2f})"
+    return None
+
+
+def ibm_fms_rows() -> list[PublishedRow]:
+    """IBM's Llama 2 pre-training throughput with PyTorch FSDP1 (fms-fsdp README; no gradient accumulation:
+    the 7B's batch is the page's 1M tokens on 128 GPUs, the others' not printed and taken alike). HSDP
+    as FSDP over a node's 8 GPUs replicated across nodes, FSDP as FSDP over all; FULL_SHARD (reshard after
+    forward) both, as fms-fsdp's sharding strategies. The network is the page's per node (400 Gb/s on the
+    A100s, 800 on the H100s) over the node's 8 GPUs; the rest of the cluster as the DGX profile."""
+    rows = []
+    for r in read_published_csv("ibm_fms_fsdp_llama2_throughput.csv"):
+        gpus, size = int(r["gpus"]), r["model"]
+        cluster = IBM_PROFILES[r["gpu"]]
+        hsdp = r["sharding"] == "HSDP"
+        ac = "none" if r["activation_checkpointing"] == "No AC" else "full"
+        compiled = r["compile"] == "True"
+        plan = Plan(
+            model=llama2_spec(size), cluster=cluster, gpus=gpus,
+            training=TrainingSpec(seq_len=int(r["seq_len"]), global_batch=gpus * int(r["micro_batch"]),
+                                  micro_batch=int(r["micro_batch"]), dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=gpus // 8 if hsdp else 1, dp_shard=8 if hsdp else gpus, tp=1,
+                                  sequence_parallel=False, async_tp=False, pp=1, pp_schedule="1F1B",
+                                  pp_virtual_stages=1, pp_layers=None, cp=1),
+            memory=MemorySpec(activation_checkpointing=ac, sac_ops=None, float8=False, reshard_after_forward=True),
+            compile=compiled,
+        )
+        label = (f"Llama2-{size} {r['gpu'].split('_')[0].upper()} {gpus} GPUs {r['sharding']} "
+                 f"{r['activation_checkpointing']}{' compiled' if compiled else ''}")
+        rows.append(PublishedRow(IBM_FMS, label, plan, "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
+                                 skipped=ibm_skip(r), layout_overrides=dict(IBM_OVERRIDES),
+                                 network_gbs_per_gpu=float(r["network_gbps"]) / 8 / 8))
+    return rows
+
+
 def all_training_rows() -> list[PublishedRow]:
     """Every published training row, skipped ones included (validate lists them with the reason)."""
-    return megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + moe_blackwell_rows() + llmfoundry_rows()
+    return (megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + moe_blackwell_rows() + llmfoundry_rows()
+            + ibm_fms_rows())

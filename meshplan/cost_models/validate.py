@@ -43,6 +43,8 @@ def predict(row: PublishedRow, load: Callable[[str], ClusterProfile] = load_prof
     """The row's figure as the model predicts it; `load` gives the profile (a variant, for --constants / --cross)."""
     plan = row.plan
     prof = load(plan.cluster)
+    if row.network_gbs_per_gpu is not None:
+        prof = prof.with_network_per_device(row.network_gbs_per_gpu)
     if row.metric.startswith("layer_"):
         return predict_layer_ms(row, prof), None, plan
     if plan.training.micro_batch == "auto":

@@ -1,0 +1,48 @@
+"""IBM's fms-fsdp rows (published.ibm_fms_rows) under the readings their page leaves open.
+
+    python benchmarks/ibm_readings.py
+
+The page gives "A100 80G 128 GPUs with 400Gbps" and "H100 96 GPUs with 800 Gbps". meshplan reads
+those as each node's network (8 GPUs share it) and prices FSDP's collectives as hidden under
+fsdp_overlap of the compute (estimate.data_parallel_comm). Printed, with the built-in profiles:
+predicted / measured step time - 1 per scored row as shipped; with the DGX profiles' own networks
+(the figures read as per GPU); and with the collectives fully hideable (fsdp_overlap 1.0). No
+assertions: this prints, it does not judge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.cost_models.published import ibm_fms_rows
+from meshplan.cost_models.validate import predict
+from meshplan.profiles.registry import load_profile
+
+
+def full_overlap(name: str):
+    prof = load_profile(name)
+    return replace(prof, overheads=replace(prof.overheads, fsdp_overlap=1.0))
+
+
+READINGS = {
+    "as shipped (the page's network per node, fsdp_overlap as fitted)": (lambda r: r, load_profile),
+    "the DGX profiles' networks (the page's figures per GPU)": (lambda r: replace(r, network_gbs_per_gpu=None),
+                                                                load_profile),
+    "fsdp_overlap 1.0 (FSDP1's collectives hidden whenever compute is longer)": (lambda r: r, full_overlap),
+}
+
+
+def main() -> None:
+    rows = [r for r in ibm_fms_rows() if not r.skipped]
+    for title, (row_of, load) in READINGS.items():
+        errs = [(r.label, r.published / predict(row_of(r), load)[0] - 1) for r in rows]
+        e = [x for _, x in errs]
+        print(f"{title}: MAPE {sum(map(abs, e)) / len(e):.1%}, bias {sum(e) / len(e):+.1%}, "
+              f"rows {min(e):+.1%} to {max(e):+.1%}")
+        for label, x in errs:
+            print(f"  {label:<55} {x:+.1%}")
+        print()
+
+
+if __name__ == "__main__":
+    main()
