@@ -1,5 +1,6 @@
-"""fixed_order.py is simulation._run specialised: on every fixed-order schedule without split backward
-it must give the general loop's result to the last bit, blocks, memory phases and early stops included."""
+"""fixed_order.py is simulation._run specialised: on every fixed-order schedule, split backward included
+(InterleavedZeroBubble), it must give the general loop's result to the last bit, blocks, memory phases
+and early stops included."""
 
 from __future__ import annotations
 
@@ -25,15 +26,16 @@ def test_which_schedules_take_the_fixed_order_loop():
     assert is_fixed_order(build_schedule("1F1B", 4, 1, 8))
     assert is_fixed_order(build_schedule("Interleaved1F1B", 4, 2, 8))
     assert is_fixed_order(build_schedule("GPipe", 4, 1, 8)) and is_fixed_order(build_schedule("LoopedBFS", 2, 2, 4))
-    assert not is_fixed_order(build_schedule("InterleavedZeroBubble", 4, 2, 8))  # split backward
-    assert not is_fixed_order(build_schedule("ZBVZeroBubble", 4, 2, 8))
+    assert is_fixed_order(build_schedule("InterleavedZeroBubble", 4, 2, 8))  # split backward, fixed orders
+    assert not is_fixed_order(build_schedule("ZBVZeroBubble", 4, 2, 8))  # V-shaped: greedy ranks
+    assert not is_fixed_order(build_schedule("DualPipeV", 4, 2, 8))
 
 
 def test_random_durations_give_the_general_loops_result_exactly(monkeypatch):
     rng = random.Random(20261127)
     checked = stopped = 0
-    while checked < 400:
-        sched = rng.choice(["GPipe", "1F1B", "LoopedBFS", "Interleaved1F1B"])
+    while checked < 500:
+        sched = rng.choice(["GPipe", "1F1B", "LoopedBFS", "Interleaved1F1B", "InterleavedZeroBubble"])
         pp = rng.choice([2, 3, 4, 8])
         v = 1 if sched in ("GPipe", "1F1B") else rng.choice([2, 3, 4])
         m = rng.choice([1, 2, 3, 4, 5, 8, 12, 16])
@@ -45,7 +47,8 @@ def test_random_durations_give_the_general_loops_result_exactly(monkeypatch):
         w = [rng.uniform(0.0, 1.0) for _ in range(n)]
         kept = rng.choice([None, [rng.uniform(0.0, 0.3) for _ in range(n)]])
         limit = rng.choice([None, [rng.choice([1.5, 3.0, 5.0, 100.0]) for _ in range(pp)]])
-        fast, general = _both(monkeypatch, sched, pp, v, m, f, b, w, rng.choice([0.0, 0.2]), 1.0,
+        share = rng.choice([1.0, 1.3]) if sched == "InterleavedZeroBubble" else 1.0  # memory.weight_pass_share
+        fast, general = _both(monkeypatch, sched, pp, v, m, f, b, w, rng.choice([0.0, 0.2]), share,
                               rng.random() < 0.5, kept, limit)
         assert (fast.makespan, fast.busy, fast.peak_in_flight, fast.phases, fast.exceeded, fast.blocks) == \
             (general.makespan, general.busy, general.peak_in_flight, general.phases, general.exceeded,
