@@ -1,6 +1,6 @@
 """The timing of a pipeline schedule: its actions (schedule.py) run as a list scheduler over given
-per-stage durations (fixed_order.py runs the same loop faster where every rank's orders are fixed
-and backward is not split).
+per-stage durations (fixed_order.py runs the same loop faster where every rank's forward and
+backward orders are fixed, weight gradients split off or not).
 
 `simulate` returns every block (rank, stage, micro-batch, kind, start, end), the makespan, bubble and
 activations in flight. The same events drive the step time in the estimate, the runtime's
