@@ -17,7 +17,7 @@ forward or backward is ready.
 from __future__ import annotations
 
 from meshplan.cost_models.pipeline.schedule import Schedule
-from meshplan.cost_models.pipeline.state import State
+from meshplan.cost_models.pipeline.state import State, _gradient_bookkeeping, backward_release
 
 _INF = float("inf")
 _TOLERANCE = 1e-12  # state.picker's: a block ready within this of its rank's free time starts then
@@ -45,7 +45,7 @@ def run_fixed_order(sched: Schedule, st: State, result, keep_blocks: bool, block
     free, held, n_held, kept_by = st.free, st.held, st.n_held, st.kept_by
     next_f, next_b, pending_f, pending_w = st.next_f, st.next_b, st.pending_f, st.pending_w
     kept, held_limit = st.kept, st.held_limit
-    grads_begun, phase, left, losses = st.grads_begun, st.phase, st.backwards_left, st.losses
+    phase, losses = st.phase, st.losses
     busy, peak, blocks, phases = result.busy, result.peak_in_flight, result.blocks, result.phases
     last_was_b = [True] * pp  # state.State.last_kind starts at "B"
 
@@ -76,27 +76,8 @@ def run_fixed_order(sched: Schedule, st: State, result, keep_blocks: bool, block
                         grad += p2p_bwd[s_b]
                         t_b = grad if grad > fwd_done else fwd_done
         now = free[r] + _TOLERANCE
-        if waiting:
-            # A weight gradient only fills what would be idle: a ready forward or backward goes first.
-            f_ready = t_f is not None and t_f <= now
-            b_ready = t_b is not None and t_b <= now
-            if f_ready and b_ready:
-                if forward_first or last_was_b[r]:
-                    return free[r], _F, s_f, mb_f
-                return free[r], _B, s_b, mb_b
-            if f_ready:
-                return free[r], _F, s_f, mb_f
-            if b_ready:
-                return free[r], _B, s_b, mb_b
-            s_w, mb_w = waiting[0]
-            return free[r], _W, s_w, mb_w
-        if t_f is None:
-            if t_b is None:
-                return None
-            return (free[r] if t_b <= now else t_b), _B, s_b, mb_b
-        if t_b is None:
-            return (free[r] if t_f <= now else t_f), _F, s_f, mb_f
-        f_ready, b_ready = t_f <= now, t_b <= now
+        f_ready = t_f is not None and t_f <= now
+        b_ready = t_b is not None and t_b <= now
         if f_ready and b_ready:
             # Steady 1F1B: the other kind than last time (forward-first schedules: always forward).
             if forward_first or last_was_b[r]:
@@ -106,21 +87,19 @@ def run_fixed_order(sched: Schedule, st: State, result, keep_blocks: bool, block
             return free[r], _F, s_f, mb_f
         if b_ready:
             return free[r], _B, s_b, mb_b
+        if waiting:  # a weight gradient fills what would otherwise be idle
+            s_w, mb_w = waiting[0]
+            return free[r], _W, s_w, mb_w
+        if t_f is None:
+            return None if t_b is None else (t_b, _B, s_b, mb_b)
+        if t_b is None:
+            return t_f, _F, s_f, mb_f
         # Neither ready: the earlier; on a tie the backward (state.picker's candidate order).
         if t_f < t_b:
             return t_f, _F, s_f, mb_f
         return t_b, _B, s_b, mb_b
 
-    def grads_done(r: int, s: int) -> None:
-        """state._gradient_bookkeeping: stage s's weight gradients for one more micro-batch."""
-        if not grads_begun[s]:
-            grads_begun[s] = True
-            phase[r] += 2
-        left[s] -= 1
-        if s == last_stage:
-            losses[r] -= 1
-            if not left[s]:
-                phase[r] += 1
+    grads_done, release = _gradient_bookkeeping(sched, st), backward_release(sched, st)
 
     remaining = sched.n_stages * n_micro * (3 if split else 2)
     picks: list = [pick(r) for r in range(pp)]
@@ -155,13 +134,7 @@ def run_fixed_order(sched: Schedule, st: State, result, keep_blocks: bool, block
             next_b[r] += 1
             end = start + b_eff[s]
             b_done[s * n_micro + mb] = end
-            if split:
-                held[r] -= 1.0 - share  # the rest stays until the weight gradient
-                pending_w[r].append((s, mb))
-            else:
-                n_held[r] -= 1
-                held[r] -= 1.0
-                grads_done(r, s)
+            release(r, s, mb)
             if s > 0:  # the previous stage's rank, if this backward is the one its next backward waits on
                 o = rank_of[s - 1]
                 if next_b[o] < n_backwards[o] and b_orders[o][next_b[o]] == (s - 1, mb):

@@ -225,12 +225,11 @@ def _forward_action(sched: Schedule, st: State) -> Callable:
 
 
 def _backward_action(sched: Schedule, st: State) -> Callable:
-    n_micro, split, rank_of = sched.n_micro, sched.split_backward, sched.rank_of
+    n_micro, rank_of = sched.n_micro, sched.rank_of
     fixed = [ra.backwards is not None for ra in sched.ranks]
-    b_eff, share, b_done = st.b_eff, st.w_memory_share, st.b_done
-    held, n_held, pending_w = st.held, st.n_held, st.pending_w
+    b_eff, b_done = st.b_eff, st.b_done
     next_b, next_b_mb = st.next_b, st.next_b_mb
-    grads_done = _gradient_bookkeeping(sched, st)
+    release = backward_release(sched, st)
 
     def backward(r: int, start: float, cand: Candidate) -> tuple:
         s, mb = -cand[3], cand[2]
@@ -239,6 +238,20 @@ def _backward_action(sched: Schedule, st: State) -> Callable:
         next_b_mb[s] += 1
         end = start + b_eff[s]
         b_done[s * n_micro + mb] = end
+        release(r, s, mb)
+        return s, mb, end, rank_of[s - 1] if s > 0 else -1  # readies the previous stage's backward
+
+    return backward
+
+
+def backward_release(sched: Schedule, st: State) -> Callable:
+    """release(r, s, mb): what rank r's backward of (stage s, micro-batch mb) frees. Split, all but the
+    weight pass's share of the activation set, the weight gradient then waiting; else the whole set, its
+    gradients counted."""
+    split, share, held, n_held, pending_w = sched.split_backward, st.w_memory_share, st.held, st.n_held, st.pending_w
+    grads_done = _gradient_bookkeeping(sched, st)
+
+    def release(r: int, s: int, mb: int) -> None:
         if split:
             held[r] -= 1.0 - share  # the rest stays until the weight gradient
             pending_w[r].append((s, mb))
@@ -246,9 +259,8 @@ def _backward_action(sched: Schedule, st: State) -> Callable:
             n_held[r] -= 1
             held[r] -= 1.0
             grads_done(r, s)
-        return s, mb, end, rank_of[s - 1] if s > 0 else -1  # readies the previous stage's backward
 
-    return backward
+    return release
 
 
 def _weight_action(sched: Schedule, st: State) -> Callable:
