@@ -17,7 +17,7 @@ forward or backward is ready.
 from __future__ import annotations
 
 from meshplan.cost_models.pipeline.schedule import Schedule
-from meshplan.cost_models.pipeline.state import State, _gradient_bookkeeping, backward_release
+from meshplan.cost_models.pipeline.state import State, backward_release, weight_release
 
 _INF = float("inf")
 _TOLERANCE = 1e-12  # state.picker's: a block ready within this of its rank's free time starts then
@@ -40,7 +40,6 @@ def run_fixed_order(sched: Schedule, st: State, result, keep_blocks: bool, block
     n_forwards, n_backwards = [len(o) for o in orders], [len(o) for o in b_orders]
     limits = [ra.limit for ra in sched.ranks]
     f, b_eff, w, p2p_fwd, p2p_bwd = st.f, st.b_eff, st.w, st.p2p_fwd, st.p2p_bwd
-    share = st.w_memory_share
     f_done, b_done = st.f_done, st.b_done
     free, held, n_held, kept_by = st.free, st.held, st.n_held, st.kept_by
     next_f, next_b, pending_f, pending_w = st.next_f, st.next_b, st.pending_f, st.pending_w
@@ -99,7 +98,7 @@ def run_fixed_order(sched: Schedule, st: State, result, keep_blocks: bool, block
             return t_f, _F, s_f, mb_f
         return t_b, _B, s_b, mb_b
 
-    grads_done, release = _gradient_bookkeeping(sched, st), backward_release(sched, st)
+    release, release_weight = backward_release(sched, st), weight_release(sched, st)
 
     remaining = sched.n_stages * n_micro * (3 if split else 2)
     picks: list = [pick(r) for r in range(pp)]
@@ -140,10 +139,7 @@ def run_fixed_order(sched: Schedule, st: State, result, keep_blocks: bool, block
                 if next_b[o] < n_backwards[o] and b_orders[o][next_b[o]] == (s - 1, mb):
                     other = o
         else:
-            pending_w[r].popleft()
-            n_held[r] -= 1  # the input-gradient pass kept the graph: the set is freed here
-            held[r] -= share
-            grads_done(r, s)
+            release_weight(r, s)
             end = start + w[s]
         # simulation._recorder's bookkeeping of the finished block
         h = held[r]

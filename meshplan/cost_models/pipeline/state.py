@@ -264,18 +264,30 @@ def backward_release(sched: Schedule, st: State) -> Callable:
 
 
 def _weight_action(sched: Schedule, st: State) -> Callable:
-    w, share, held, n_held, pending_w = st.w, st.w_memory_share, st.held, st.n_held, st.pending_w
-    grads_done = _gradient_bookkeeping(sched, st)
+    w = st.w
+    release = weight_release(sched, st)
 
     def weight(r: int, start: float, cand: Candidate) -> tuple:
         s, mb = cand[3], cand[2]
-        pending_w[r].popleft()
-        n_held[r] -= 1  # the input-gradient pass kept the graph: the set is freed here
-        held[r] -= share
-        grads_done(r, s)
+        release(r, s)
         return s, mb, start + w[s], -1
 
     return weight
+
+
+def weight_release(sched: Schedule, st: State) -> Callable:
+    """release(r, s): what rank r's weight gradient of its oldest waiting (stage s, micro-batch) frees:
+    the rest of the activation set (the input-gradient pass kept the graph), its gradients counted."""
+    share, held, n_held, pending_w = st.w_memory_share, st.held, st.n_held, st.pending_w
+    grads_done = _gradient_bookkeeping(sched, st)
+
+    def release(r: int, s: int) -> None:
+        pending_w[r].popleft()
+        n_held[r] -= 1
+        held[r] -= share
+        grads_done(r, s)
+
+    return release
 
 
 def _gradient_bookkeeping(sched: Schedule, st: State) -> Callable:
