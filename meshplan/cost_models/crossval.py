@@ -298,7 +298,8 @@ def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = Fal
     lines = [title, f"{'source':<40} " + " ".join(f"{k + ' MAPE  bias  w/in15':>28}" for k in errs)]
     sources = list(dict.fromkeys(e.source for v in errs.values() for e in v))
     groups = {"dense runs": lambda e: not is_moe_source(e.source),
-              "dense, TorchTitan and Megatron": lambda e: not is_moe_source(e.source) and e.source not in (LLMFOUNDRY, IBM_FMS),
+              "dense, TorchTitan and Megatron":
+                  lambda e: not is_moe_source(e.source) and e.source not in (LLMFOUNDRY, IBM_FMS),
               "MoE runs": lambda e: is_moe_source(e.source), "overall": lambda e: True}
     for src in sources + list(groups):
         cells = []

@@ -50,10 +50,10 @@ is assumed once here, and printed by `meshplan validate`:
   loss eager; gradients reduced in fp32. Composer's PURE mode reduces in bf16, and its DEFAULT mode
   did too in some 2023 releases (reduce_dtype = the precision) and not in later ones (fp32); the page
   does not name its Composer release, so the modes are not told apart (Layout.grad_reduce_bytes 4).
-  Nor are its unpadding copies around flash attention and the flash-attention version of its day. The figure is tokens/s per
-  GPU. A100 40GB rows (no built-in profile) and Transformer Engine FP8 rows are skipped; H100 rows are
-  priced on the 700 W h100-80g-dgx, A100 80GB rows on a100-80g-dgx (its 1600 Gb/s RoCE per node is the
-  DGX A100's 8 x 200 Gb/s).
+  Nor are its unpadding copies around flash attention and the flash-attention version of its day.
+  The figure is tokens/s per GPU. A100 40GB rows (no built-in profile) and Transformer Engine FP8
+  rows are skipped; H100 rows are priced on the 700 W h100-80g-dgx, A100 80GB rows on a100-80g-dgx
+  (its 1600 Gb/s RoCE per node is the DGX A100's 8 x 200 Gb/s).
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from meshplan.cost_models.constants import IBM_FMS, LLMFOUNDRY
+from meshplan.profiles.registry import load_profile
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
 from meshplan.specs.registry import resolve_model
@@ -266,7 +267,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
 MPT_SIZES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 24), "1b": (2048, 16, 24),
              "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40), "30b": (7168, 56, 48),
              "70b": (8192, 64, 80)}
-LLMFOUNDRY_PROFILES = {"h100_80gb": "h100-80g-dgx", "a100_80gb": "a100-80g-dgx"}
+# The built-in profile of each GPU that the FSDP1 pages (llm-foundry, fms-fsdp) name.
+FSDP1_PAGE_PROFILES = {"h100_80gb": "h100-80g-dgx", "a100_80gb": "a100-80g-dgx"}
 # What Composer's FSDP (PyTorch FSDP1) and MPT ran that the plan file cannot say: eager LayerNorm in
 # bf16 (submit_benchmarks.py sets norm_type low_precision_layernorm), flash attention (its attn_impl
 # default), no torch.compile, the loss eager.
@@ -282,7 +284,7 @@ def mpt_spec(size: str, seq_len: int) -> ModelSpec:
 def llmfoundry_skip(r: dict[str, str]) -> str | None:
     """Why a row of the page is not scored, or None."""
     gpus, mb, accum, gbs = (int(r[k]) for k in ("gpus", "micro_batch", "grad_accum", "global_batch"))
-    if r["gpu"] not in LLMFOUNDRY_PROFILES:
+    if r["gpu"] not in FSDP1_PAGE_PROFILES:
         return f"no built-in profile for {r['gpu']}"
     if r["precision"] == "amp_fp8":
         return "Transformer Engine FP8 (delayed scaling, its fused LayerNorm-linear), not torchao float8"
@@ -301,7 +303,7 @@ def llmfoundry_rows() -> list[PublishedRow]:
         size, seq, gpus = r["model"], int(r["seq_len"]), int(r["gpus"])
         ac = r["activation_checkpointing"] == "True"
         plan = Plan(
-            model=mpt_spec(size, seq), cluster=LLMFOUNDRY_PROFILES.get(r["gpu"], "a100-80g-dgx"), gpus=gpus,
+            model=mpt_spec(size, seq), cluster=FSDP1_PAGE_PROFILES.get(r["gpu"], "a100-80g-dgx"), gpus=gpus,
             training=TrainingSpec(seq_len=seq, global_batch=int(r["global_batch"]), micro_batch=int(r["micro_batch"]),
                                   dtype="bf16"),
             parallel=ParallelSpec(dp_replicate=1, dp_shard=gpus, tp=1, sequence_parallel=False, async_tp=False, pp=1,
@@ -318,7 +320,6 @@ def llmfoundry_rows() -> list[PublishedRow]:
     return rows
 
 
-IBM_PROFILES = {"h100_80gb": "h100-80g-dgx", "a100_80gb": "a100-80g-dgx"}
 # What fms-fsdp ran that the plan file cannot say: SDPA's flash attention (FlashAttention-2), its eager
 # RMSNorm and RoPE, and torch.compile (where on) over the model, not the loss (main_training.py compiles
 # the model; the cross-entropy is computed outside it).
@@ -357,10 +358,11 @@ def ibm_fms_rows() -> list[PublishedRow]:
     rows = []
     for r in read_published_csv("ibm_fms_fsdp_llama2_throughput.csv"):
         gpus, size = int(r["gpus"]), r["model"]
-        cluster = IBM_PROFILES[r["gpu"]]
+        cluster = FSDP1_PAGE_PROFILES[r["gpu"]]
         hsdp = r["sharding"] == "HSDP"
         ac = "none" if r["activation_checkpointing"] == "No AC" else "full"
         compiled = r["compile"] == "True"
+        node_gbs = float(r["network_gbps"]) / 8  # the page's Gb/s between nodes, in GB/s
         plan = Plan(
             model=llama2_spec(size), cluster=cluster, gpus=gpus,
             training=TrainingSpec(seq_len=int(r["seq_len"]), global_batch=gpus * int(r["micro_batch"]),
@@ -375,7 +377,7 @@ def ibm_fms_rows() -> list[PublishedRow]:
                  f"{r['activation_checkpointing']}{' compiled' if compiled else ''}")
         rows.append(PublishedRow(IBM_FMS, label, plan, "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
                                  skipped=ibm_skip(r), layout_overrides=dict(IBM_OVERRIDES),
-                                 network_gbs_per_gpu=float(r["network_gbps"]) / 8 / 8))
+                                 network_gbs_per_gpu=node_gbs / load_profile(cluster).devices_per_node))
     return rows
 
 

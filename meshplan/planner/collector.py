@@ -4,8 +4,8 @@ The search allocates millions of short-lived tuples and layouts and keeps growin
 (bounds, memory, schedule simulations), yet makes almost no reference cycles: reference counting
 frees nearly everything. With the default thresholds (a young collection every 700 net allocations,
 older ones every 10 of those) the collector ran about 750 times in the 405B@16384 search, each older
-pass re-walking the caches, and took 0.32 s of its 3.5 s on one process (timed with gc.callbacks;
-benchmarks/planner_speed.py --profile). Freezing what exists (modules, the space, the profile) and
+pass re-walking the caches, and took 0.32 s of its 3.5 s on one process (timed with gc.callbacks
+around a --jobs 1 search). Freezing what exists (modules, the space, the profile) and
 collecting young objects every 50,000 allocations leaves the collector at about 2 % of the search.
 The same freeze before forking workers keeps the parent's objects out of their collections.
 """
