@@ -60,7 +60,19 @@ class ModelConstants:
         "through a review of the paper, so an assumption to state, not a fit. Force-balanced runs (Megatron-Bridge's "
         "benchmarks) are priced at 1")
     adamw_bytes_per_param: float = const(
-        28.0, 28.0, "AdamW (fp32): read p, g, m, v and write p, m, v = 7 x 4 bytes (exact)")
+        28.0, 28.0, "fused AdamW (fp32; Megatron-Core's distributed optimizer runs Apex/Transformer Engine "
+        "FusedAdam, one kernel): read p, g, m, v and write p, m, v = 7 x 4 bytes (exact)")
+    adamw_foreach_bytes_per_param: float = const(
+        80.0, 80.0, "torch.optim.AdamW's foreach step (torch/optim/adam.py _multi_tensor_adam, not capturable; "
+        "meshplan's runtime, TorchTitan and IBM's fms-fsdp run it; Composer's per-tensor DecoupledAdamW makes the "
+        "same passes), fp32, one pass over its tensor lists each: weight decay mul_ p (8 bytes), lerp_ m to g "
+        "(12), mul_ v (8), addcmul_ v g g (12), sqrt v (8), div_ and add_ eps (8 each), addcdiv_ p m (16); "
+        "the profile of llama3.2-3b on the H200 timed these at 70 ms, 3.2 B parameters at 3.7 TB/s "
+        "(benchmarks/results/ops-llama3.2-3b-planner_1-NVIDIA_H200-9816110.txt)")
+    clip_foreach_bytes_per_param: float = const(
+        12.0, 12.0, "gradient clipping in PyTorch (torch.nn.utils.clip_grad_norm_ and the runtime's "
+        "train.clip_grad_norm): the norm reads every gradient (4 bytes) and foreach_mul_ scales them whether or "
+        "not the norm exceeds the limit (8); Megatron-Core scales only when it does: its norm's 4 bytes alone")
 
 
 MODEL = ModelConstants()

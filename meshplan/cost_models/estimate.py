@@ -518,7 +518,16 @@ def _optimizer_time(lay: Layout, prof: ClusterProfile, rank: int) -> float:
     """AdamW's memory traffic, plus the step's host work outside the blocks (optimizer ops, data-parallel
     hooks and their collective calls; 0 unless the profile prices host work, see host.py)."""
     local = stage_params(lay, rank).sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
-    return memory_bound_time(prof.device, local * (constants.MODEL.adamw_bytes_per_param + 4.0)) + step_host_time(lay, prof, rank)
+    return memory_bound_time(prof.device, local * optimizer_bytes_per_param(lay)) + step_host_time(lay, prof, rank)
+
+
+def optimizer_bytes_per_param(lay: Layout) -> float:
+    """What the optimizer step and the gradient clipping move per parameter of a rank: torch.optim's foreach
+    AdamW and a foreach clip, or a fused Adam with the clip's norm alone (Layout.optimizer_foreach)."""
+    m = constants.MODEL
+    if lay.optimizer_foreach:
+        return m.adamw_foreach_bytes_per_param + m.clip_foreach_bytes_per_param
+    return m.adamw_bytes_per_param + 4.0  # the clip's norm reads each gradient once
 
 
 def _recompute_flops_per_token(lay: Layout) -> float:

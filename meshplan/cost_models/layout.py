@@ -45,6 +45,10 @@ class Layout:
     # pytorch (eager ops, fused by torch.compile when `compile`) | megatron (Megatron-LM's fused LayerNorm,
     # bias-GeLU and bias-dropout-add kernels)
     elementwise_kernels: str = "pytorch"
+    # Whether the optimizer steps with torch.optim's foreach AdamW and clips with a foreach scale (meshplan's
+    # runtime, TorchTitan) or with one fused kernel, scaling only when clipping (Megatron-Core): the bytes it
+    # moves per parameter (constants.MODEL.adamw_*; estimate._optimizer_time).
+    optimizer_foreach: bool = True
     # When data-parallel gradients are reduced while micro-batches accumulate: every_microbatch (FSDP2,
     # HSDP and composable DDP as the runtime and TorchTitan run them) | last_microbatch (Megatron's DDP).
     grad_sync: str = "every_microbatch"

@@ -255,8 +255,12 @@ def moe_blackwell_rows() -> list[PublishedRow]:
             memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=fp8, reshard_after_forward=False),
             compile=True, stack=MEGATRON_CORE,
         )
-        rows.append(PublishedRow(MEGATRON_BRIDGE_MOE, label, plan, "mcore_tflops_per_gpu",
-                                 float(r["tflops_per_gpu"]), skipped=skipped,
+        # Tokens per second where the row prints them: the pages' TFLOP/s follow each release's FLOP formula,
+        # which changed for GPT-OSS between releases (27.2 GFLOP a token in the BF16 rows, 32.6 in the later
+        # MXFP8 ones; data/published README). Megatron-LM's and the model zoo's rows print TFLOP/s alone.
+        metric, value = (("tokens_per_s_per_gpu", r["tokens_per_s_per_gpu"]) if r["tokens_per_s_per_gpu"]
+                         else ("mcore_tflops_per_gpu", r["tflops_per_gpu"]))
+        rows.append(PublishedRow(MEGATRON_BRIDGE_MOE, label, plan, metric, float(value), skipped=skipped,
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r)}))
     return rows
 

@@ -26,6 +26,7 @@ class Stack:
     elementwise_kernels: str = "pytorch"
     dp_overlap: str = "prefetch"  # Layout.dp_overlap
     host_counted: bool = True  # Layout.host_counted: host.py's op counts are of eager PyTorch modules
+    optimizer_foreach: bool = True  # Layout.optimizer_foreach: torch.optim's foreach AdamW, not a fused one
 
 
 STACKS: dict[str, Stack] = {
@@ -36,7 +37,9 @@ STACKS: dict[str, Stack] = {
          "loss compiled with the model when compiling (torchtitan components/loss.py build_cross_entropy_loss)",
          "FSDP2 reduce-scatters gradients at every micro-batch, as meshplan's runtime",
          "FSDP2 prefetches the next block's all-gather in forward and backward and reduce-scatters each block's "
-         "gradients as its backward ends (torch.distributed.fsdp fully_shard), as meshplan's runtime")),
+         "gradients as its backward ends (torch.distributed.fsdp fully_shard), as meshplan's runtime",
+         "AdamW with torch.optim's foreach implementation (torchtitan OptimizersContainer, implementation "
+         "'foreach' by default) and torch.nn.utils.clip_grad_norm_, as meshplan's runtime")),
     MEGATRON_CORE: Stack(
         ("qkv", "attn_out", "ffn_in", "ffn_out"), False, "last_microbatch",
         ("selective recompute of the core attention alone (TransformerConfig.recompute_modules default "
@@ -52,8 +55,10 @@ STACKS: dict[str, Stack] = {
          "data-parallel traffic overlapped as the performance recipes run it (DistributedDataParallelConfig "
          "overlap_grad_reduce and overlap_param_gather with the distributed optimizer): parameter all-gathers "
          "bucket by bucket in the first micro-batch's forward, gradient reduce-scatters in the last "
-         "micro-batch's backward, the first and the last bucket exposed"),
-        elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False),
+         "micro-batch's backward, the first and the last bucket exposed",
+         "fused Adam (the distributed optimizer's default optimizer 'adam' is Apex/Transformer Engine FusedAdam, "
+         "one multi-tensor kernel per step); gradients scaled only where the norm exceeds clip_grad"),
+        elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False, optimizer_foreach=False),
 }
 
 
@@ -61,7 +66,7 @@ def stack_changes(stack: str, ac: str, sac_ops) -> dict:
     """Layout fields that `stack` sets on a plan's layout (layout.layout_of)."""
     s = STACKS[stack]
     out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync, "elementwise_kernels": s.elementwise_kernels,
-                 "dp_overlap": s.dp_overlap, "host_counted": s.host_counted}
+                 "dp_overlap": s.dp_overlap, "host_counted": s.host_counted, "optimizer_foreach": s.optimizer_foreach}
     if ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out
