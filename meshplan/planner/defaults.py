@@ -40,6 +40,10 @@ def default_seq_len(spec: ModelSpec) -> tuple[int, str]:
     return seq, f"seq_len = {seq:,}: {why}; set --seq-len to change it"
 
 
+# How far the CPU default doubles the batch: 2**13 sequences a process is far past a second of work.
+MAX_HOST_DOUBLINGS = 13
+
+
 def default_global_batch(spec: ModelSpec, seq_len: int, gpus: int, profile: ClusterProfile,
                          dtype: str) -> tuple[int, str]:
     """Sequences per step: a GPU cluster gets TorchTitan's 16k tokens per GPU (at most Llama 3's
@@ -71,12 +75,16 @@ def ddp_step_s(spec: ModelSpec, seq_len: int, gpus: int, profile: ClusterProfile
 
 
 def host_batch(spec: ModelSpec, seq_len: int, gpus: int, profile: ClusterProfile, dtype: str) -> int:
-    """Sequences whose estimated DDP step takes about HOST_STEP_S: the step is a fixed part plus a
-    part per sequence, read off the estimates at gpus and 8 * gpus sequences."""
-    b0, b1 = gpus, 8 * gpus
-    t0, t1 = (ddp_step_s(spec, seq_len, gpus, profile, dtype, b) for b in (b0, b1))
-    per_seq = max((t1 - t0) / (b1 - b0), 1e-12)
-    return max(gpus, int(b0 + (HOST_STEP_S - t0) / per_seq))
+    """The most sequences, gpus times a power of two, whose estimated DDP step is at most HOST_STEP_S
+    (gpus, one a process, where none is). Doubling until the estimate passes it: a straight line through
+    two estimates missed the boundary where the step is not linear in the batch (the optimizer's fixed
+    part beside thin matmuls)."""
+    batch = gpus
+    for _ in range(MAX_HOST_DOUBLINGS):
+        if ddp_step_s(spec, seq_len, gpus, profile, dtype, 2 * batch) > HOST_STEP_S:
+            break
+        batch *= 2
+    return batch
 
 
 def _power_of_two_at_most(x: float) -> int:
