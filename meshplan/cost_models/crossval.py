@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from meshplan.cost_models import constants
-from meshplan.cost_models.constants import EVERY_GPU, IBM_FMS, LLMFOUNDRY, PROFILE_CONSTANTS, ProfileConstant
-from meshplan.cost_models.published import MEGATRON_BRIDGE_MOE, PublishedRow, all_training_rows
+from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, PROFILE_CONSTANTS,
+                                            ProfileConstant)
+from meshplan.cost_models.published import PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.rules import NCCL, profile_backend
@@ -144,7 +145,10 @@ def constant_effects(rows: list[PublishedRow] | None = None) -> tuple[Score, Sco
 
 
 def source_of(table: str) -> str:
-    """The publication a table comes from: TorchTitan's six tables are one source."""
+    """The publication a table comes from: TorchTitan's six tables are one source, and the MoE pages' one
+    table per model another."""
+    if is_moe_source(table):
+        return MEGATRON_BRIDGE_MOE
     return re.sub(r" \(Table \d+\)$", "", table)
 
 
@@ -313,7 +317,7 @@ def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = Fal
 
 
 def is_moe_source(source: str) -> bool:
-    return source == MEGATRON_BRIDGE_MOE
+    return source.startswith(MEGATRON_BRIDGE_MOE)
 
 
 def _worst_memory(errs: list[RowError]) -> str:

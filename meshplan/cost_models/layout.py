@@ -99,6 +99,12 @@ class Layout:
     # eager PyTorch, DTensor TP). Megatron's own modules (its fused kernels, no DTensor) are not counted,
     # and their host work is left unpriced.
     host_counted: bool = True
+    # Whether the stack syncs host and device in every MoE layer (the token counts per expert) and runs its
+    # experts eager: each MoE layer pass then takes the longer of its kernels and its experts' host work
+    # (overheads.moe_expert_host_s per local expert; timing._add_moe_host). Megatron-Core's dropless
+    # dispatchers do (stacks.py); its sync-free recipes under full-iteration CUDA graphs do not
+    # (published.full_iteration_graphs). meshplan's runtime has no such sync, and host.py counts its ops.
+    moe_host_sync: bool = False
 
     @property
     def loss_compiled(self) -> bool:

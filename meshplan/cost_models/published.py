@@ -63,7 +63,7 @@ import re
 from dataclasses import dataclass, field, replace
 from importlib import resources
 
-from meshplan.cost_models.constants import IBM_FMS, LLMFOUNDRY
+from meshplan.cost_models.constants import IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
@@ -204,7 +204,6 @@ def torchtitan_rows() -> list[PublishedRow]:
 MOE_MODELS = {"DeepSeek-V3": "deepseek-v3", "GPT-OSS-120B": "gpt-oss-120b", "Qwen3-30B-A3B": "qwen3-30b-a3b",
               "Qwen3-235B-A22B": "qwen3-235b-a22b"}
 MOE_PROFILES = {"GB200": "gb200-186g-nvl72", "B200": "b200-180g-dgx"}
-MEGATRON_BRIDGE_MOE = "Megatron-Bridge MoE (B200, GB200)"
 MEGATRON_MOE_OVERRIDES = {"moe_imbalance": 1.0}
 
 
@@ -213,7 +212,7 @@ MEGATRON_MOE_OVERRIDES = {"moe_imbalance": 1.0}
 # megatron-bridge-moe-recipes.md. From 26.06 the GB200 MXFP8 recipes run it with full-iteration CUDA
 # graphs and sync-free HybridEP (that file, "FI bundle"; e.g. qwen3_workload_base_configs.py at v0.5.0);
 # before, only the three rows named here did.
-EP_OVERLAP_FROM_CONTAINER = (26, 6)
+FULL_ITERATION_FROM_CONTAINER = (26, 6)
 EP_OVERLAP_ROWS = frozenset({
     "mb-26.04-gptoss120b-gb200-64g-bf16-gbs1280",  # HybridEP with A2A overlap (Megatron-Bridge v0.4.0)
     "mb-26.04.01-gptoss120b-gb200-64g-bf16-gbs1280",  # alltoall with overlap (PR #3561)
@@ -221,14 +220,20 @@ EP_OVERLAP_ROWS = frozenset({
 })
 
 
-def ep_overlapped(row: dict[str, str]) -> bool:
-    """Whether a Megatron-Bridge MoE row's recipe overlapped its all-to-alls (EP_OVERLAP_ROWS)."""
+def full_iteration_graphs(row: dict[str, str]) -> bool:
+    """Whether a Megatron-Bridge MoE row's recipe ran the 26.06+ GB200 MXFP8 bundle: full-iteration CUDA
+    graphs over sync-free HybridEP (docs/sources/megatron-bridge-moe-recipes.md, "FI bundle"). Every other
+    recipe syncs host and device in each MoE layer and runs its experts eager (Layout.moe_host_sync),
+    Megatron-LM's and the model zoo's rows among them (Megatron-Core 0.15-0.17, dropless)."""
     m = re.match(r"mb-(\d+)\.(\d+)", row["id"])
-    if m is None:  # Megatron-LM and MoE model-zoo rows: their recipes are not read; Megatron's default is off
-        return False
-    full_iteration = (int(m[1]), int(m[2])) >= EP_OVERLAP_FROM_CONTAINER and row["gpu"] == "GB200" \
+    return m is not None and (int(m[1]), int(m[2])) >= FULL_ITERATION_FROM_CONTAINER and row["gpu"] == "GB200" \
         and row["precision"] == "MXFP8"
-    return full_iteration or row["id"] in EP_OVERLAP_ROWS
+
+
+def ep_overlapped(row: dict[str, str]) -> bool:
+    """Whether a Megatron-Bridge MoE row's recipe overlapped its all-to-alls (EP_OVERLAP_ROWS). Megatron-LM
+    and MoE model-zoo rows: their recipes are not read, and Megatron's default is off."""
+    return full_iteration_graphs(row) or row["id"] in EP_OVERLAP_ROWS
 
 
 def moe_blackwell_rows() -> list[PublishedRow]:
@@ -260,8 +265,10 @@ def moe_blackwell_rows() -> list[PublishedRow]:
         # MXFP8 ones; data/published README). Megatron-LM's and the model zoo's rows print TFLOP/s alone.
         metric, value = (("tokens_per_s_per_gpu", r["tokens_per_s_per_gpu"]) if r["tokens_per_s_per_gpu"]
                          else ("mcore_tflops_per_gpu", r["tflops_per_gpu"]))
-        rows.append(PublishedRow(MEGATRON_BRIDGE_MOE, label, plan, metric, float(value), skipped=skipped,
-                                 layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r)}))
+        rows.append(PublishedRow(f"{MEGATRON_BRIDGE_MOE}: {r['model']}", label, plan, metric, float(value),
+                                 skipped=skipped,
+                                 layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r),
+                                                   "moe_host_sync": not full_iteration_graphs(r)}))
     return rows
 
 

@@ -27,6 +27,7 @@ class Stack:
     dp_overlap: str = "prefetch"  # Layout.dp_overlap
     host_counted: bool = True  # Layout.host_counted: host.py's op counts are of eager PyTorch modules
     optimizer_foreach: bool = True  # Layout.optimizer_foreach: torch.optim's foreach AdamW, not a fused one
+    moe_host_sync: bool = False  # Layout.moe_host_sync: a host sync in every MoE layer, experts eager
 
 
 STACKS: dict[str, Stack] = {
@@ -57,8 +58,15 @@ STACKS: dict[str, Stack] = {
          "bucket by bucket in the first micro-batch's forward, gradient reduce-scatters in the last "
          "micro-batch's backward, the first and the last bucket exposed",
          "fused Adam (the distributed optimizer's default optimizer 'adam' is Apex/Transformer Engine FusedAdam, "
-         "one multi-tensor kernel per step); gradients scaled only where the norm exceeds clip_grad"),
-        elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False, optimizer_foreach=False),
+         "one multi-tensor kernel per step); gradients scaled only where the norm exceeds clip_grad",
+         "dropless MoE layers sync host and device for the tokens per expert (the alltoall dispatcher copies "
+         "its splits to the CPU, TEGroupedMLP calls tokens_per_expert.tolist(); token_dispatcher.py, "
+         "experts.py of Megatron-Core 0.16-0.17) and run the experts eager: Transformer Engine's "
+         "GroupedLinear launches one cuBLAS GEMM per expert (multi_stream_cublas_gemm; its CUTLASS grouped GEMM "
+         "is opt-in and Hopper-only, cublaslt_gemm.cu), with allocations per expert "
+         "(TransformerEngine#1499); the sync-free recipes under full-iteration CUDA graphs opt out"),
+        elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False, optimizer_foreach=False,
+        moe_host_sync=True),
 }
 
 
@@ -66,7 +74,8 @@ def stack_changes(stack: str, ac: str, sac_ops) -> dict:
     """Layout fields that `stack` sets on a plan's layout (layout.layout_of)."""
     s = STACKS[stack]
     out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync, "elementwise_kernels": s.elementwise_kernels,
-                 "dp_overlap": s.dp_overlap, "host_counted": s.host_counted, "optimizer_foreach": s.optimizer_foreach}
+                 "dp_overlap": s.dp_overlap, "host_counted": s.host_counted, "optimizer_foreach": s.optimizer_foreach,
+                 "moe_host_sync": s.moe_host_sync}
     if ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out

@@ -9,7 +9,7 @@ from meshplan.cost_models.activations import attention_core_only, recomputed_kin
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
-from meshplan.cost_models.host import block_host, embedding_host, head_host, host_added
+from meshplan.cost_models.host import block_host, embedding_host, head_host, host_added, host_beyond
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, moe_elementwise_elems, routed_expert_times,
                                       routing)
@@ -94,6 +94,7 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     # Host work first: where the host outlasts the kernels, Megatron's EP overlap hides the all-to-alls under
     # that time too (ep_exposed).
     _add_host(bt, lay, prof, layer)
+    _add_moe_host(bt, lay, prof, layer)
     if lay.spec.is_moe_layer(layer) and lay.ep > 1:
         r = _routing(lay)
         ep_fwd = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, ep_span(spans, lay.ep, lay.cp, lay.tp))
@@ -182,6 +183,27 @@ def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile, layer: int) -> N
     bt.forward += fwd
     bt.backward_input += bwd
     bt.host = fwd + bwd
+
+
+# Host work of an eager MoE layer's backward over its forward's: Transformer Engine's fused grouped MLP on a
+# GB200 with 64 experts took 2.1 ms of host time backward to 1.2 ms forward (TransformerEngine#2897;
+# docs/sources/megatron-bridge-moe-recipes.md): the backward launches a data- and a weight-gradient GEMM
+# per expert where the forward launches one.
+MOE_HOST_BACKWARD_RATIO = 2.1 / 1.2
+
+
+def _add_moe_host(bt: BlockTime, lay: Layout, prof: ClusterProfile, layer: int) -> None:
+    """Where the stack syncs host and device in every MoE layer (Layout.moe_host_sync), the host cannot run
+    ahead across it: the layer's forward and backward each take the longer of their kernels and their
+    experts' host work, overheads.moe_expert_host_s per local expert (host.host_beyond)."""
+    if not (lay.moe_host_sync and lay.spec.is_moe_layer(layer)):
+        return
+    forward = _routing(lay).local_experts * prof.overheads.moe_expert_host_s
+    fwd = host_beyond(bt.forward, forward)
+    bwd = host_beyond(bt.backward_input + bt.backward_weight, MOE_HOST_BACKWARD_RATIO * forward)
+    bt.forward += fwd
+    bt.backward_input += bwd
+    bt.host += fwd + bwd
 
 
 # Eager attention's passes over the (heads x s x s) scores: constants.MODEL.eager_score_passes_*.

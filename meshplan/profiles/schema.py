@@ -129,6 +129,11 @@ class Overheads:
     # several (the looped and V-shaped schedules) on different runtimes, which cost differently.
     pipeline_action_s: float = 0.0
     pipeline_multi_action_s: float = 0.0
+    # Per local expert of an MoE layer's forward, where the stack runs its experts eager behind a
+    # device-to-host sync in every MoE layer (Layout.moe_host_sync: Megatron-Core's dropless dispatchers
+    # before its sync-free, fully graphed recipes): the host work of Transformer Engine's per-expert GEMM
+    # launches, quantisations and allocations, which the GPU waits for (timing._add_moe_host).
+    moe_expert_host_s: float = 0.0
 
 
 @dataclass

@@ -86,7 +86,7 @@ def test_selective_ac_saves_what_each_stack_saves():
 def test_published_rows_are_priced_on_their_stack():
     stacks = {r.table.split(" (")[0]: r.plan.stack for r in all_training_rows() if r.plan is not None}
     assert stacks["TorchTitan H100"] == "torchtitan"
-    assert stacks["Megatron-Bridge MoE"] == "megatron-core"
+    assert {s for t, s in stacks.items() if t.startswith("Megatron-Bridge MoE: ")} == {"megatron-core"}
 
 
 def test_megatron_core_runs_its_fused_elementwise_kernels_by_hand():
