@@ -179,8 +179,10 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "(their gathers are small beside their blocks), MosaicML's FSDP1 rows of 1-64 nodes do",
                     {EVERY_GPU: TORCHTITAN + (LLMFOUNDRY,)}, objective="spread"),
     ProfileConstant("overheads.cp_overlap", *_overhead("cp_overlap"), 0.0,
-                    "share of ring-attention K/V exchange hidden under the block attention; unsourced guess 0.8 "
-                    "before the cross-validated fit", {"h100-96g-gt": (TORCHTITAN[1], TORCHTITAN[5])}),
+                    "share of ring attention's exposed K/V exchange (timing.cp_exposed: Transformer Engine's P2P "
+                    "ring hides each step's exchange under a step of attention, PyTorch's runs in line) hidden "
+                    "beyond that; 0 in every GPU built-in, not fitted: fitted on TorchTitan's CP rows (Tables 2 "
+                    "and 6) it came out 0.001, 0 to 0.21 leaving one table out (2026-11-27)"),
     ProfileConstant("overheads.moe_expert_host_s", *_overhead("moe_expert_host_s"), 0.0,
                     "host seconds per local expert of an eager MoE layer's forward behind a device-to-host sync "
                     "(Layout.moe_host_sync: Megatron-Core's dropless recipes without full-iteration CUDA graphs), "

@@ -105,6 +105,10 @@ class Layout:
     # dispatchers do (stacks.py); its sync-free recipes under full-iteration CUDA graphs do not
     # (published.full_iteration_graphs). meshplan's runtime has no such sync, and host.py counts its ops.
     moe_host_sync: bool = False
+    # Whether ring attention overlaps each of its cp - 1 K/V exchanges with a step of attention (Transformer
+    # Engine's P2P ring, Megatron-Core's) or gathers K/V once under the first step (PyTorch's ring
+    # attention as the runtime and TorchTitan run it): timing.cp_exposed.
+    cp_ring_overlap: bool = False
 
     @property
     def loss_compiled(self) -> bool:

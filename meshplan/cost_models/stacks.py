@@ -28,6 +28,7 @@ class Stack:
     host_counted: bool = True  # Layout.host_counted: host.py's op counts are of eager PyTorch modules
     optimizer_foreach: bool = True  # Layout.optimizer_foreach: torch.optim's foreach AdamW, not a fused one
     moe_host_sync: bool = False  # Layout.moe_host_sync: a host sync in every MoE layer, experts eager
+    cp_ring_overlap: bool = False  # Layout.cp_ring_overlap: each ring step's K/V exchange under a step's attention
 
 
 STACKS: dict[str, Stack] = {
@@ -64,9 +65,11 @@ STACKS: dict[str, Stack] = {
          "experts.py of Megatron-Core 0.16-0.17) and run the experts eager: Transformer Engine's "
          "GroupedLinear launches one cuBLAS GEMM per expert (multi_stream_cublas_gemm; its CUTLASS grouped GEMM "
          "is opt-in and Hopper-only, cublaslt_gemm.cu), with allocations per expert "
-         "(TransformerEngine#1499); the sync-free recipes under full-iteration CUDA graphs opt out"),
+         "(TransformerEngine#1499); the sync-free recipes under full-iteration CUDA graphs opt out",
+         "context parallelism through Transformer Engine's P2P ring (AttnFuncWithCPAndKVP2P, context_parallel.py), "
+         "which overlaps each step's attention with the next step's K/V exchange"),
         elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False, optimizer_foreach=False,
-        moe_host_sync=True),
+        moe_host_sync=True, cp_ring_overlap=True),
 }
 
 
@@ -75,7 +78,7 @@ def stack_changes(stack: str, ac: str, sac_ops) -> dict:
     s = STACKS[stack]
     out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync, "elementwise_kernels": s.elementwise_kernels,
                  "dp_overlap": s.dp_overlap, "host_counted": s.host_counted, "optimizer_foreach": s.optimizer_foreach,
-                 "moe_host_sync": s.moe_host_sync}
+                 "moe_host_sync": s.moe_host_sync, "cp_ring_overlap": s.cp_ring_overlap}
     if ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out

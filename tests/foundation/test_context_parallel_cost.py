@@ -74,3 +74,21 @@ def test_no_ring_without_cp():
     lay = _layout(1)
     assert _block(lay).cp_comm == 0.0
     assert _block(replace(lay, kv_repeated=True)).forward == _block(lay).forward
+
+
+def test_transformer_engines_ring_hides_each_exchange_under_a_step_of_attention():
+    """Megatron-Core's P2P ring (Layout.cp_ring_overlap): cp - 1 of the cp attention steps each cover one K/V
+    exchange, forward; the K/V and gradient exchanges (2 per pass) under the backward's. By hand from the
+    block's own issued exchange and attention, at a short and a long sequence: the long one hides it all."""
+    for seq in (8192, 131072):
+        plain = _layout(4, cp_attention="ring", seq_len=seq, ac="none")
+        te = replace(plain, cp_ring_overlap=True)
+        bt_plain, bt_te = _block(plain), _block(te)
+        per_pass = bt_plain.cp_comm_issued / 3  # one forward + 2 backward exchanges, AC none
+        assert bt_plain.cp_comm == pytest.approx(3 * per_pass)  # PyTorch's ring: in line (cp_overlap 0)
+        kinds = bt_te.kinds
+        want = (max(0.0, per_pass - 0.75 * kinds.attention_forward)
+                + max(0.0, 2 * per_pass - 0.75 * kinds.attention_backward))
+        assert bt_te.cp_comm == pytest.approx(want, rel=1e-9)
+        assert bt_te.cp_comm < bt_plain.cp_comm
+    assert bt_te.cp_comm == 0.0  # at 128k a step's attention outlasts its exchange
