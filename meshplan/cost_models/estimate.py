@@ -216,7 +216,7 @@ def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     """What a block's time depends on: the key of its memo (stage_inputs) and of the planner's per-layer times."""
     key = ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
            lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.elementwise_kernels,
-           lay.kv_repeated, lay.cp_attention, lay.cp_ring_overlap, spans["tp"], spans["cp"])
+           lay.kv_repeated, lay.cp_attention, lay.cp_ring_overlap, lay.tp_comm_overlap, spans["tp"], spans["cp"])
     # Expert parallelism changes MoE blocks only: a dense model's key stays as it was.
     if not lay.spec.is_moe:
         return key

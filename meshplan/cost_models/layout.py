@@ -109,6 +109,10 @@ class Layout:
     # Engine's P2P ring, Megatron-Core's) or gathers K/V once under the first step (PyTorch's ring
     # attention as the runtime and TorchTitan run it): timing.cp_exposed.
     cp_ring_overlap: bool = False
+    # Whether sequence-parallel TP's all-gathers and reduce-scatters run chunk by chunk under the GEMMs they
+    # feed and drain (Transformer Engine's userbuffers comm-GEMM overlap, Megatron-Core's tp_comm_overlap):
+    # timing._async_tp_exposed.
+    tp_comm_overlap: bool = False
 
     @property
     def loss_compiled(self) -> bool:

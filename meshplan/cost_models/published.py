@@ -115,9 +115,9 @@ def megatron_rows() -> list[PublishedRow]:
 
 # Megatron-LM of 2021-22 ran its local DDP (--DDP-impl local, the default): train_step all-reduces the
 # gradients after forward_backward_func returns, nothing overlapped (megatron/training.py, "All-reduce if
-# needed").
+# needed"), and no TP communication overlap (Transformer Engine's userbuffers came later).
 MEGATRON_OVERRIDES = {"attention_kernel": "eager", "elementwise_kernels": "megatron", "grad_sync": "last_microbatch",
-                      "dp_overlap": "none", "host_counted": False}
+                      "dp_overlap": "none", "host_counted": False, "tp_comm_overlap": False}
 KORTHIKANTI_EXPERIMENTS = {  # Table 4's rows: (sequence parallel, activation checkpointing)
     "Baseline no recompute": (False, "none"), "Sequence parallelism": (True, "none"),
     "Baseline with recompute (full)": (False, "full"), "Selective recompute": (False, "selective"),

@@ -29,6 +29,7 @@ class Stack:
     optimizer_foreach: bool = True  # Layout.optimizer_foreach: torch.optim's foreach AdamW, not a fused one
     moe_host_sync: bool = False  # Layout.moe_host_sync: a host sync in every MoE layer, experts eager
     cp_ring_overlap: bool = False  # Layout.cp_ring_overlap: each ring step's K/V exchange under a step's attention
+    tp_comm_overlap: bool = False  # Layout.tp_comm_overlap: SP's collectives chunk by chunk under their GEMMs
 
 
 STACKS: dict[str, Stack] = {
@@ -67,9 +68,12 @@ STACKS: dict[str, Stack] = {
          "is opt-in and Hopper-only, cublaslt_gemm.cu), with allocations per expert "
          "(TransformerEngine#1499); the sync-free recipes under full-iteration CUDA graphs opt out",
          "context parallelism through Transformer Engine's P2P ring (AttnFuncWithCPAndKVP2P, context_parallel.py), "
-         "which overlaps each step's attention with the next step's K/V exchange"),
+         "which overlaps each step's attention with the next step's K/V exchange",
+         "tensor-parallel communication overlapped as the performance recipes run it (tp_comm_overlap with "
+         "sequence parallelism: Transformer Engine's userbuffers split each all-gather and reduce-scatter into "
+         "tp chunks exchanged under the GEMM chunks they feed or drain, te.module.base initialize_ub)"),
         elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False, optimizer_foreach=False,
-        moe_host_sync=True, cp_ring_overlap=True),
+        moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True),
 }
 
 
@@ -78,7 +82,8 @@ def stack_changes(stack: str, ac: str, sac_ops) -> dict:
     s = STACKS[stack]
     out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync, "elementwise_kernels": s.elementwise_kernels,
                  "dp_overlap": s.dp_overlap, "host_counted": s.host_counted, "optimizer_foreach": s.optimizer_foreach,
-                 "moe_host_sync": s.moe_host_sync, "cp_ring_overlap": s.cp_ring_overlap}
+                 "moe_host_sync": s.moe_host_sync, "cp_ring_overlap": s.cp_ring_overlap,
+                 "tp_comm_overlap": s.tp_comm_overlap}
     if ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out

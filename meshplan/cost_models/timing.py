@@ -403,16 +403,24 @@ def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupS
     as forms.FORMS.async_tp says, either the fitted share tp_async_overlap of the traffic hidden, or each
     collective hidden under that share of the matmul it is fused with (_tp_collectives; in backward, their
     gradients' beside the same ops' input-gradient matmuls)."""
+    if lay.tp_comm_overlap and lay.sp:
+        # Transformer Engine's userbuffers: tp GEMM chunks, tp - 1 exchanges, each under one chunk.
+        return passes * _hidden_under_matmuls(lay, prof, spans, matmuls, (lay.tp - 1) / lay.tp)
     share = prof.overheads.tp_async_overlap
     if not lay.async_tp:
         return issued
     if forms.FORMS.async_tp == "traffic":
         return issued * (1 - share)
+    return passes * _hidden_under_matmuls(lay, prof, spans, matmuls, share)
+
+
+def _hidden_under_matmuls(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float],
+                          window: float) -> float:
+    """One pass's TP collectives left exposed when each runs under `window` of the matmul it is fused with."""
     by_kind: dict[str, float] = {}
     for kind, t in matmuls.items():
         by_kind[sac_kind(kind)] = by_kind.get(sac_kind(kind), 0.0) + t
-    return passes * sum(max(0.0, c - share * by_kind.get(kind, 0.0))
-                        for kind, c in _tp_collectives(lay, prof, spans).items())
+    return sum(max(0.0, c - window * by_kind.get(kind, 0.0)) for kind, c in _tp_collectives(lay, prof, spans).items())
 
 
 # PyTorch's ring attention (context_parallel, as TorchTitan runs it) merges each non-local ring step's

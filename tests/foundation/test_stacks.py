@@ -118,3 +118,34 @@ def test_each_stack_overlaps_data_parallel_traffic_its_way():
     assert {s: STACKS[s].dp_overlap for s in STACKS} == {"meshplan": "prefetch", "torchtitan": "prefetch",
                                                         "megatron-core": "buckets"}
     assert MEGATRON_OVERRIDES["dp_overlap"] == "none"
+
+
+def test_megatron_core_hides_sequence_parallel_tp_under_its_gemm_chunks_by_hand():
+    """TP 4 with SP: Transformer Engine's userbuffers split each all-gather and reduce-scatter into 4 chunks,
+    3 exchanged under GEMM chunks. Per pass, each of the 4 collectives is exposed by what exceeds 3/4 of its
+    matmul; meshplan's runtime without async TP leaves them all exposed."""
+    from dataclasses import replace as dc_replace
+
+    from meshplan.cost_models.flops import sac_kind
+    from meshplan.cost_models.timing import _tp_collectives, block_time
+
+    raw = {**RAW, "parallel": {**RAW["parallel"], "dp_shard": 8, "tp": 4, "sequence_parallel": True}}
+    lays = {s: runtime_paths(layout_of(plan_from_dict({**raw, "stack": s})), PROFILE) for s in ("meshplan",
+                                                                                               "megatron-core")}
+    assert lays["megatron-core"].tp_comm_overlap and not lays["meshplan"].tp_comm_overlap
+    spans = group_spans(lays["meshplan"], PROFILE)
+    plain = block_time(lays["meshplan"], PROFILE, spans)
+    assert plain.tp_comm == pytest.approx(plain.tp_comm_issued)  # selective AC: 2 passes, all exposed
+    te = block_time(lays["megatron-core"], PROFILE, spans)
+    by_kind: dict[str, float] = {}
+    for kind, t in te.kinds.matmul_by_kind.items():
+        by_kind[sac_kind(kind)] = by_kind.get(sac_kind(kind), 0.0) + t
+    colls = _tp_collectives(lays["megatron-core"], PROFILE, spans)
+    assert set(colls) == {"qkv", "attn_out", "ffn_in", "ffn_out"}
+    want = 2 * sum(max(0.0, c - 0.75 * by_kind[k]) for k, c in colls.items())
+    assert te.tp_comm == pytest.approx(want, rel=1e-9)
+    assert te.tp_comm < plain.tp_comm
+    # without SP there is nothing to chunk: all-reduces stay exposed
+    no_sp = dc_replace(lays["megatron-core"], sp=False)
+    bt = block_time(no_sp, PROFILE, spans)
+    assert bt.tp_comm == pytest.approx(bt.tp_comm_issued)
