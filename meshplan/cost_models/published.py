@@ -261,8 +261,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
             compile=True, stack=MEGATRON_CORE,
         )
         # Tokens per second where the row prints them: the pages' TFLOP/s follow each release's FLOP formula,
-        # which changed for GPT-OSS between releases (27.2 GFLOP a token in the BF16 rows, 32.6 in the later
-        # MXFP8 ones; data/published README). Megatron-LM's and the model zoo's rows print TFLOP/s alone.
+        # which changed for GPT-OSS between releases (27.1-27.2 GFLOP a token in most BF16 rows, 30.7 in one,
+        # 32.6 in the later MXFP8 ones; data/published README). Megatron-LM's and the model zoo's rows print TFLOP/s alone.
         metric, value = (("tokens_per_s_per_gpu", r["tokens_per_s_per_gpu"]) if r["tokens_per_s_per_gpu"]
                          else ("mcore_tflops_per_gpu", r["tflops_per_gpu"]))
         rows.append(PublishedRow(f"{MEGATRON_BRIDGE_MOE}: {r['model']}", label, plan, metric, float(value),

@@ -5,7 +5,7 @@ as of December 2024, say) add what that version did (published.py layout overrid
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from meshplan.specs.rules import MEGATRON_CORE, MESHPLAN, TORCHTITAN
 
@@ -80,10 +80,8 @@ STACKS: dict[str, Stack] = {
 def stack_changes(stack: str, ac: str, sac_ops) -> dict:
     """Layout fields that `stack` sets on a plan's layout (layout.layout_of)."""
     s = STACKS[stack]
-    out: dict = {"compiles_loss": s.compiles_loss, "grad_sync": s.grad_sync, "elementwise_kernels": s.elementwise_kernels,
-                 "dp_overlap": s.dp_overlap, "host_counted": s.host_counted, "optimizer_foreach": s.optimizer_foreach,
-                 "moe_host_sync": s.moe_host_sync, "cp_ring_overlap": s.cp_ring_overlap,
-                 "tp_comm_overlap": s.tp_comm_overlap}
+    # Every field but these two is a Layout field of the same name.
+    out: dict = {f.name: getattr(s, f.name) for f in fields(s) if f.name not in ("selective_default", "sources")}
     if ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out

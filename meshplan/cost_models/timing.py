@@ -399,8 +399,9 @@ def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSp
 
 def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float],
                       issued: float, passes: int) -> float:
-    """What a block's TP collectives leave exposed over its passes: all of them without async TP; with it,
-    as forms.FORMS.async_tp says, either the fitted share tp_async_overlap of the traffic hidden, or each
+    """What a block's TP collectives leave exposed over its passes: under Transformer Engine's userbuffers
+    (Layout.tp_comm_overlap, with SP) each collective beyond (tp - 1) / tp of its matmul; else all of them
+    without async TP; with it, as forms.FORMS.async_tp says, either the fitted share tp_async_overlap of the traffic hidden, or each
     collective hidden under that share of the matmul it is fused with (_tp_collectives; in backward, their
     gradients' beside the same ops' input-gradient matmuls)."""
     if lay.tp_comm_overlap and lay.sp:
