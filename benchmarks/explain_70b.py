@@ -149,8 +149,9 @@ def driver(name: str, prof: ClusterProfile) -> Driver:
 
 def _registry_driver(c: constants.ProfileConstant, prof: ClusterProfile) -> Driver:
     value = c.get(prof)
-    if prof.name in c.fitted_on:
-        return Driver(c.name, _show(value), "F", "fitted on " + ", ".join(c.fitted_on[prof.name]))
+    here = [k for k in c.fitted_on if k != constants.EVERY_GPU and prof.name in constants.fitted_profiles(k)]
+    if here:  # fitted for this profile, alone or with others of its part (constants.H100_CLASS)
+        return Driver(c.name, _show(value), "F", "fitted on " + ", ".join(c.fitted_on[here[0]]))
     if value == c.physical:
         return Driver(c.name, _show(value), "D", c.source)
     note = provenance(prof, c.name, strict=True)

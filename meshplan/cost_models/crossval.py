@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from meshplan.cost_models import constants
-from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, PROFILE_CONSTANTS,
+from meshplan.cost_models.constants import (EVERY_GPU, fitted_profiles, IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, PROFILE_CONSTANTS,
                                             ProfileConstant)
 from meshplan.cost_models.published import PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
@@ -213,7 +213,8 @@ def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = 
     for _ in range(MAX_SWEEPS):
         moved = 0.0
         for t in fit_targets():
-            mine = [r for r in rows if r.table in t.tables and t.profile in (r.plan.cluster, EVERY_GPU)
+            members = fitted_profiles(t.profile)
+            mine = [r for r in rows if r.table in t.tables and (members is None or r.plan.cluster in members)
                     and (t.constant.time or r.published_memory_gib is not None)]
             if not mine:
                 continue  # no row to fit on: keeps its built-in value
@@ -223,8 +224,7 @@ def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = 
                 return _objective(row_errors(mine, transform_of({**values, key: v})), memory, spread)
             lo, hi = t.constant.bounds
             new = _golden(loss, lo, hi)
-            start = values.get(key, t.constant.get(load_profile(mine[0].plan.cluster if t.profile == EVERY_GPU
-                                                                else t.profile)))
+            start = values.get(key, t.constant.get(load_profile(mine[0].plan.cluster)))
             if loss(new) <= loss(start):  # golden section brackets a local minimum: never step uphill
                 moved = max(moved, abs(new - start) / (hi - lo))
                 values[key] = new
@@ -244,7 +244,8 @@ def transform_of(values: dict[tuple[str, str], float]) -> Transform:
 
     def apply(name: str, prof: ClusterProfile) -> ClusterProfile:
         for (cname, pname), v in values.items():
-            if pname == name or (pname == EVERY_GPU and is_gpu_profile(prof)):
+            members = fitted_profiles(pname)
+            if (name in members) if members is not None else is_gpu_profile(prof):
                 prof = by_name[cname].set(prof, v)
         return prof
     return apply

@@ -41,7 +41,9 @@ class Layout:
     float8: bool
     reshard_after_forward: bool
     compile: bool
-    attention_kernel: str = "flash"  # flash (fused, default everywhere) | eager (materialised scores, Megatron 2021)
+    # flash (FlashAttention-2 or a kernel the profile measures, default everywhere) | triton (FlashAttention in
+    # Triton, MosaicML's MPT runs: constants.MODEL.triton_attention_*) | eager (materialised scores, Megatron 2021)
+    attention_kernel: str = "flash"
     # pytorch (eager ops, fused by torch.compile when `compile`) | megatron (Megatron-LM's fused LayerNorm,
     # bias-GeLU and bias-dropout-add kernels)
     elementwise_kernels: str = "pytorch"

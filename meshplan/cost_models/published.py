@@ -282,9 +282,10 @@ MPT_SIZES = {"125m": (768, 12, 12), "350m": (1024, 16, 24), "760m": (1536, 12, 2
 # The built-in profile of each GPU that the FSDP1 pages (llm-foundry, fms-fsdp) name.
 FSDP1_PAGE_PROFILES = {"h100_80gb": "h100-80g-dgx", "a100_80gb": "a100-80g-dgx"}
 # What Composer's FSDP (PyTorch FSDP1) and MPT ran that the plan file cannot say: eager LayerNorm in
-# bf16 (submit_benchmarks.py sets norm_type low_precision_layernorm), flash attention (its attn_impl
-# default), no torch.compile, the loss eager.
-LLMFOUNDRY_OVERRIDES = {"attention_kernel": "flash", "elementwise_kernels": "pytorch", "compiles_loss": False}
+# bf16 (submit_benchmarks.py sets norm_type low_precision_layernorm), FlashAttention in Triton (the
+# attn_impl default of submit_benchmarks.py when the tables were run, b2a43a147 and 5e85bd62d: "triton";
+# it became "flash" at 495218376, after them), no torch.compile, the loss eager.
+LLMFOUNDRY_OVERRIDES = {"attention_kernel": "triton", "elementwise_kernels": "pytorch", "compiles_loss": False}
 
 
 def mpt_spec(size: str, seq_len: int) -> ModelSpec:

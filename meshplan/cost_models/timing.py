@@ -156,6 +156,9 @@ def block_compute(lay: Layout, prof: ClusterProfile, layer: int | None = None) -
         bwd_rate = attention_tflops(dev, lay.seq_len, lay.dtype, spec.head_dim, backward=True)
         att_fwd = att_flops / (fwd_rate * 1e12) / eff
         att_bwd = K.attention_backward_factor * att_flops / (bwd_rate * 1e12) / eff
+        if lay.attention_kernel == "triton":  # the profile measures FlashAttention-2 (SDPA, flash-attn)
+            att_fwd *= K.triton_attention_forward_slowdown
+            att_bwd *= K.triton_attention_backward_slowdown
     ring_fwd, ring_bwd = _ring_attention_bookkeeping(lay, prof)
     att_fwd, att_bwd = att_fwd + ring_fwd, att_bwd + ring_bwd
     elem_fwd, elem_bwd = elementwise_times(lay, prof, layer)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from meshplan.cost_models import crossval
-from meshplan.cost_models.constants import EVERY_GPU
+from meshplan.cost_models.constants import EVERY_GPU, fitted_profiles
 from meshplan.cost_models.crossval import fit, row_errors, training_rows, transform_of
 
 PROFILE = "h100-96g-gt"
@@ -41,7 +41,8 @@ def test_fit_on_a_published_table_improves_and_stays_physical():
                                             "overheads.fsdp_overlap", "overheads.memory_fragmentation"}
     for (name, profile), value in fitted.items():
         lo, hi = PHYSICAL[name]
-        assert profile in (PROFILE, EVERY_GPU) and lo <= value <= hi, (name, value)
+        assert profile == EVERY_GPU or PROFILE in fitted_profiles(profile), (name, profile)
+        assert lo <= value <= hi, (name, value)
     # Start: the built-in profile's values. A fit on these rows must not end worse on them.
     assert _msle(row_errors(rows, transform_of(fitted))) <= _msle(row_errors(rows)) + 1e-12
     # the memory constant is fitted on the rows' peak memory: no worse there either
@@ -67,3 +68,21 @@ def test_two_row_fit_of_a_constant_one_row_depends_on(monkeypatch):
                for i in range(0, 1001, 10))
     assert abs(math.log(1 + got[1].step)) <= best + 1e-3
     assert 0.0 <= fitted[key] <= 1.0
+
+
+def test_a_value_fitted_for_a_group_of_profiles_sets_each_of_them_and_no_other():
+    """H100_CLASS names the 700 W and the 500 W H100 profiles: one fitted value lands in both, the A100's and
+    the H200's stay as built, and EVERY_GPU still means every GPU profile (the CPU one apart)."""
+    from meshplan.cost_models.constants import H100_CLASS, fitted_profiles
+    from meshplan.profiles.registry import load_profile
+
+    assert fitted_profiles(H100_CLASS) == ("h100-96g-gt", "h100-80g-dgx")
+    assert fitted_profiles(EVERY_GPU) is None
+    t = transform_of({("device.sustained_fraction", H100_CLASS): 0.5})
+    for name, want in (("h100-80g-dgx", 0.5), ("h100-96g-gt", 0.5),
+                       ("a100-80g-dgx", load_profile("a100-80g-dgx").device.sustained_fraction),
+                       ("h200-141g-dgx", load_profile("h200-141g-dgx").device.sustained_fraction)):
+        assert t(name, load_profile(name)).device.sustained_fraction == want, name
+    t = transform_of({("overheads.fsdp_overlap", EVERY_GPU): 0.5})
+    assert t("cpu-gloo", load_profile("cpu-gloo")).overheads.fsdp_overlap == load_profile("cpu-gloo").overheads.fsdp_overlap
+    assert t("h200-141g-dgx", load_profile("h200-141g-dgx")).overheads.fsdp_overlap == 0.5

@@ -67,3 +67,31 @@ def test_eager_gpt_block_elementwise_by_hand():
     fwd2 = (2 * 2 + 2 * 3) * d + 2 * f / 2 + 2 * d / 2
     assert elementwise_times(tp2, h100)[0] == pytest.approx(memory_bound_time(h100.device, fwd2 * tokens * 2),
                                                             rel=1e-12)
+
+
+def test_mpt_attention_runs_the_triton_kernel_at_the_papers_ratio_to_flashattention2():
+    """MPT's benchmark runs used attn_impl triton (submit_benchmarks.py's default when the tables were made):
+    its causal attention is priced by hand as the profile's FlashAttention-2 rate at the sequence and head
+    size, times the FlashAttention-2 paper's ratio (1.3), with nothing else in the block changed."""
+    from meshplan.cost_models.compute import attention_tflops
+    from meshplan.cost_models.flops import attention_flops_per_token
+    from meshplan.cost_models.timing import block_compute
+
+    assert LLMFOUNDRY_OVERRIDES["attention_kernel"] == "triton"
+    h100 = load_profile("h100-80g-dgx")
+    row = next(r for r in llmfoundry_rows() if r.plan.model.name == "mpt-1b" and r.plan.training.seq_len == 8192)
+    lay = replace(layout_of(row.plan), **LLMFOUNDRY_OVERRIDES)
+    s, spec = 8192, row.plan.model
+    # Causal: a query sees s / 2 keys on average; 4 FLOPs per key and head dimension (QK^T and PV), one block.
+    flops = 4 * (s / 2) * spec.n_heads * spec.head_dim * lay.micro_batch * s
+    assert attention_flops_per_token(spec, s, causal=True) * lay.micro_batch * s == pytest.approx(flops, rel=1e-9)
+    fa2_fwd = flops / (attention_tflops(h100.device, s, "bf16", spec.head_dim) * 1e12)
+    fa2_bwd = 2.5 * flops / (attention_tflops(h100.device, s, "bf16", spec.head_dim, backward=True) * 1e12)
+    triton = block_compute(lay, h100)
+    flash = block_compute(replace(lay, attention_kernel="flash"), h100)
+    assert flash.attention_forward == pytest.approx(fa2_fwd, rel=1e-9)
+    assert triton.attention_forward == pytest.approx(1.3 * fa2_fwd, rel=1e-9)
+    assert triton.attention_backward == pytest.approx(1.3 * fa2_bwd, rel=1e-9)
+    assert triton.matmul_by_kind == flash.matmul_by_kind
+    assert (triton.elementwise_forward, triton.elementwise_backward) == (flash.elementwise_forward,
+                                                                         flash.elementwise_backward)

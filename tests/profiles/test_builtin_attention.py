@@ -26,14 +26,15 @@ def test_profiles_hold_fa2_at_its_published_speed(name):
 
 def test_500w_profile_derates_attention_as_its_matmuls():
     gt, dgx = load_profile("h100-96g-gt").device, load_profile("h100-80g-dgx").device
-    # 500 W: every tensor-core kernel at the same share of its 700 W best case, attention as matmuls.
+    # 500 W: every tensor-core kernel at the same share of its 700 W best case, attention as matmuls. The
+    # two parts carry one fitted share (constants.H100_CLASS), so the ratio is 1 today; the test holds for any.
     ratio = gt.sustained_fraction / dgx.sustained_fraction
     shape = (8192, 8192, 8192)
     assert matmul_tflops(gt, *shape, "bf16") / matmul_tflops(dgx, *shape, "bf16") == pytest.approx(
         ratio * gt.matmul.max_fraction["bf16"] / dgx.matmul.max_fraction["bf16"], rel=1e-3)
     for seq in FA2_CAUSAL_FWD:
         assert attention_tflops(gt, seq, "bf16") == pytest.approx(ratio * attention_tflops(dgx, seq, "bf16"))
-    assert 0.5 < gt.sustained_fraction < dgx.sustained_fraction <= 1.0
+    assert 0.5 < gt.sustained_fraction <= dgx.sustained_fraction <= 1.0
     # between measured lengths: log-linear interpolation
     mid = attention_tflops(gt, 3000, "bf16")
     assert attention_tflops(gt, 2048, "bf16") < mid < attention_tflops(gt, 4096, "bf16")
