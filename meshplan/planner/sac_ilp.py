@@ -66,6 +66,16 @@ def pareto_subsets(items: SacItems) -> list[tuple[str, ...]]:
     return out
 
 
+def cbc_path() -> str | None:
+    """The CBC binary cbcbox ships, by its own path: COIN_CMD alone looks for `cbc` on PATH, which holds only
+    when the virtual environment is activated (`.venv/bin/python -m meshplan plan` without it crashed)."""
+    try:
+        import cbcbox
+    except ImportError:
+        return None  # COIN_CMD's own search of PATH
+    return cbcbox.cbc_bin_path()
+
+
 def solve_sac_ilp(items: SacItems, budget_bytes_per_token: float) -> tuple[str, ...] | None:
     """The ILP above solved with pulp (CBC). None if even saving nothing exceeds the budget."""
     import pulp
@@ -88,7 +98,7 @@ def solve_sac_ilp(items: SacItems, budget_bytes_per_token: float) -> tuple[str, 
             prob += y >= 1 - x[k]
     # COIN_CMD runs the CBC binary that `pulp[cbc]` installs (cbcbox); PuLP 3.3 deprecates its
     # bundled PULP_CBC_CMD.
-    status = prob.solve(pulp.COIN_CMD(msg=False))
+    status = prob.solve(pulp.COIN_CMD(msg=False, path=cbc_path()))
     if pulp.LpStatus[status] != "Optimal":
         return None
     return _canonical(tuple(k for k in items.kinds if (x[k].value() or 0.0) > 0.5))

@@ -93,6 +93,17 @@ def test_sac_pulp_free_kind():
     assert got is not None and items.time_of(got) == pytest.approx(brute_optimum(items, budget))
 
 
+def test_sac_pulp_solves_without_the_environment_on_path(monkeypatch):
+    """`python -m meshplan plan` through the venv's python, not activated: CBC is not on PATH, and the ILP
+    must still solve (it raised PulpSolverError 'cannot execute cbc' before)."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    b = {"qkv": 256.0, "attention": 0.0, "attn_out": 128.0, "ffn_in": 512.0, "ffn_out": 128.0}
+    t = {"qkv": 1e-7, "attention": 0.0, "attn_out": 2e-8, "ffn_in": 6e-8, "ffn_out": 0.0}
+    items = SacItems(SAC_OPS, b, 512.0, t, 1e-6)
+    got = solve_sac_ilp(items, 512.0 + 300.0)
+    assert got is not None and items.time_of(got) == pytest.approx(brute_optimum(items, 512.0 + 300.0))
+
+
 def test_sac_pareto_is_the_frontier():
     """Every subset is weakly dominated by a pareto subset, and pareto subsets are strictly ordered."""
     for _, items, _ in CASES[::6]:
