@@ -17,7 +17,9 @@ model, and the planner re-solves the winning plan's choice with pulp (see search
 from __future__ import annotations
 
 import itertools
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from meshplan.specs.plan import SAC_OPS
 
@@ -67,13 +69,11 @@ def pareto_subsets(items: SacItems) -> list[tuple[str, ...]]:
 
 
 def cbc_path() -> str | None:
-    """The CBC binary cbcbox ships, by its own path: COIN_CMD alone looks for `cbc` on PATH, which holds only
-    when the virtual environment is activated (`.venv/bin/python -m meshplan plan` without it crashed)."""
-    try:
-        import cbcbox
-    except ImportError:
-        return None  # COIN_CMD's own search of PATH
-    return cbcbox.cbc_bin_path()
+    """The CBC binary `pulp[cbc]` installs beside this interpreter (the environment's bin): COIN_CMD alone looks
+    for `cbc` on PATH, which holds only when the environment is activated (`.venv/bin/python -m meshplan plan`
+    without it crashed). None: COIN_CMD's own search of PATH."""
+    beside = Path(sys.executable).with_name("cbc")
+    return str(beside) if beside.is_file() else None
 
 
 def solve_sac_ilp(items: SacItems, budget_bytes_per_token: float) -> tuple[str, ...] | None:
