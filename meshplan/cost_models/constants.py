@@ -163,7 +163,8 @@ def _matmul(name: str):
 PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("device.sustained_fraction", *_device("sustained_fraction"), 1.0,
                     "share of the best-case tensor-core rate (MAMF, FA2 benchmark) that training sustains",
-                    {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), H100_CLASS: TORCHTITAN + (LLMFOUNDRY, IBM_FMS)}, (0.5, 1.0)),
+                    {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), H100_CLASS: TORCHTITAN + (LLMFOUNDRY, IBM_FMS)},
+                    (0.5, 1.0)),
     # The H100 SXM at 700 W (h100-80g-dgx) and at the 500 W cap (h100-96g-gt) share one value: fitted on each
     # part alone they agree (data/validation/sustained_fraction.csv); the H200 and Blackwell parts carry the A100's.
     ProfileConstant("device.matmul.half_dim", *_matmul("half_dim"), 0.0,

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from meshplan.cost_models import constants
-from meshplan.cost_models.constants import (EVERY_GPU, fitted_profiles, IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, PROFILE_CONSTANTS,
-                                            ProfileConstant)
+from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, PROFILE_CONSTANTS,
+                                            ProfileConstant, fitted_profiles)
 from meshplan.cost_models.published import PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile

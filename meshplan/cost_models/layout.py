@@ -108,8 +108,8 @@ class Layout:
     # (published.full_iteration_graphs). meshplan's runtime has no such sync, and host.py counts its ops.
     moe_host_sync: bool = False
     # Whether ring attention overlaps each of its cp - 1 K/V exchanges with a step of attention (Transformer
-    # Engine's P2P ring, Megatron-Core's) or gathers K/V once under the first step (PyTorch's ring
-    # attention as the runtime and TorchTitan run it): timing.cp_exposed.
+    # Engine's P2P ring, Megatron-Core's) or runs them in line (PyTorch's ring attention as the runtime and
+    # TorchTitan run it): timing.cp_exposed.
     cp_ring_overlap: bool = False
     # Whether sequence-parallel TP's all-gathers and reduce-scatters run chunk by chunk under the GEMMs they
     # feed and drain (Transformer Engine's userbuffers comm-GEMM overlap, Megatron-Core's tp_comm_overlap):

@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 
 from meshplan.cost_models import crossval
-from meshplan.cost_models.constants import EVERY_GPU, fitted_profiles
+from meshplan.cost_models.constants import EVERY_GPU, H100_CLASS, fitted_profiles
 from meshplan.cost_models.crossval import fit, row_errors, training_rows, transform_of
+from meshplan.profiles.registry import load_profile
 
 PROFILE = "h100-96g-gt"
 TABLE_1 = "TorchTitan H100 (Table 1)"  # Llama 3.1 8B on 8 GPUs: FSDP, + compile, + Float8
@@ -73,9 +74,6 @@ def test_two_row_fit_of_a_constant_one_row_depends_on(monkeypatch):
 def test_a_value_fitted_for_a_group_of_profiles_sets_each_of_them_and_no_other():
     """H100_CLASS names the 700 W and the 500 W H100 profiles: one fitted value lands in both, the A100's and
     the H200's stay as built, and EVERY_GPU still means every GPU profile (the CPU one apart)."""
-    from meshplan.cost_models.constants import H100_CLASS, fitted_profiles
-    from meshplan.profiles.registry import load_profile
-
     assert fitted_profiles(H100_CLASS) == ("h100-96g-gt", "h100-80g-dgx")
     assert fitted_profiles(EVERY_GPU) is None
     t = transform_of({("device.sustained_fraction", H100_CLASS): 0.5})
@@ -84,5 +82,6 @@ def test_a_value_fitted_for_a_group_of_profiles_sets_each_of_them_and_no_other()
                        ("h200-141g-dgx", load_profile("h200-141g-dgx").device.sustained_fraction)):
         assert t(name, load_profile(name)).device.sustained_fraction == want, name
     t = transform_of({("overheads.fsdp_overlap", EVERY_GPU): 0.5})
-    assert t("cpu-gloo", load_profile("cpu-gloo")).overheads.fsdp_overlap == load_profile("cpu-gloo").overheads.fsdp_overlap
+    cpu = load_profile("cpu-gloo")
+    assert t("cpu-gloo", cpu).overheads.fsdp_overlap == cpu.overheads.fsdp_overlap
     assert t("h200-141g-dgx", load_profile("h200-141g-dgx")).overheads.fsdp_overlap == 0.5

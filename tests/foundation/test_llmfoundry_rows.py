@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 import meshplan
-from meshplan.cost_models.compute import memory_bound_time
+from meshplan.cost_models.compute import attention_tflops, memory_bound_time
+from meshplan.cost_models.flops import attention_flops_per_token
 from meshplan.cost_models.layout import layout_of
 from meshplan.cost_models.published import LLMFOUNDRY_OVERRIDES, llmfoundry_rows, mpt_spec
-from meshplan.cost_models.timing import elementwise_times
+from meshplan.cost_models.timing import block_compute, elementwise_times
 from meshplan.profiles.registry import load_profile
 
 CSV = Path(meshplan.__file__).parent / "data" / "published" / "mosaicml_llmfoundry_mpt_throughput.csv"
@@ -73,10 +74,6 @@ def test_mpt_attention_runs_the_triton_kernel_at_the_papers_ratio_to_flashattent
     """MPT's benchmark runs used attn_impl triton (submit_benchmarks.py's default when the tables were made):
     its causal attention is priced by hand as the profile's FlashAttention-2 rate at the sequence and head
     size, times the FlashAttention-2 paper's ratio (1.3), with nothing else in the block changed."""
-    from meshplan.cost_models.compute import attention_tflops
-    from meshplan.cost_models.flops import attention_flops_per_token
-    from meshplan.cost_models.timing import block_compute
-
     assert LLMFOUNDRY_OVERRIDES["attention_kernel"] == "triton"
     h100 = load_profile("h100-80g-dgx")
     row = next(r for r in llmfoundry_rows() if r.plan.model.name == "mpt-1b" and r.plan.training.seq_len == 8192)
