@@ -206,9 +206,9 @@ def term_drivers(lay: Layout, est: Estimate, prof: ClusterProfile) -> dict[str, 
         "CP comm exposed": [f"collectives.{cp_level}.all_gather", "overheads.cp_overlap"],
         "pipeline bubble": [f"collectives.{_level(est, prof, ('pp',))}.send_recv"] if lay.pp > 1 else [],
         "FSDP comm exposed": [f"collectives.{fsdp_level}.all_gather", f"collectives.{fsdp_level}.reduce_scatter",
-                              "overheads.fsdp_overlap"],
+                              "overheads.fsdp_overlap", "overheads.comm_compute_slowdown"],
         "DP comm exposed": [f"collectives.{_level(est, prof, ('dp_replicate',))}.all_reduce",
-                            "overheads.fsdp_overlap"],
+                            "overheads.fsdp_overlap", "overheads.comm_compute_slowdown"],
         "optimizer": ["model.adamw_bytes_per_param"] + hbm + host,
         "step overhead": ["overheads.step_overhead_s"],
         "overhead (memory)": [f"overheads.{fragmentation_field(lay, prof.overheads)}", "overheads.context_gib"],
@@ -251,6 +251,7 @@ def column(name: str, plan: Plan, prof: ClusterProfile, row: PublishedRow | None
         ".FSDP reduce-scatter issued": dp.reduce_scatter + dp.tail_reduce_scatter,
         ".DP all-reduce issued": dp.all_reduce + dp.tail_all_reduce,
         ".FSDP/DP hidden under compute": dp.hidden,
+        ".FSDP/DP contention": dp.contention,  # the compute slowed beside what hides (comm_compute_slowdown)
         ".PP p2p per transfer": est.pipeline.get("p2p_s", 0.0),
     })
     plan_here = plan.copy(cluster=prof.name) if plan.cluster != prof.name else plan

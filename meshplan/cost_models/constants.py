@@ -194,14 +194,21 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("overheads.tp_async_overlap", *_overhead("tp_async_overlap"), 0.0,
                     "share of TP comm async TP hides: TorchTitan Table 4 A/B (829 -> 876 tok/s/GPU)",
                     {"h100-96g-gt": TORCHTITAN[3:4]}),
-    ProfileConstant("overheads.fsdp_overlap", *_overhead("fsdp_overlap"), 0.0,
-                    "share of the compute window a data-parallel collective runs under that it can hide in "
-                    "(Layout.dp_overlap: the step's work under FSDP's prefetch, one micro-batch's forward or "
-                    "backward under Megatron-Core's buckets); the rest is the collective's SMs and memory "
-                    "traffic slowing the compute beside it. One value for every GPU, fitted on how errors vary "
-                    "inside each source (objective spread): the FSDP2 rows of TorchTitan barely constrain it "
-                    "(their gathers are small beside their blocks), MosaicML's FSDP1 rows of 1-64 nodes do",
-                    {EVERY_GPU: TORCHTITAN + (LLMFOUNDRY,)}, objective="spread"),
+    ProfileConstant("overheads.fsdp_overlap", *_overhead("fsdp_overlap"), 1.0,
+                    "share of the compute beside a data-parallel collective that it can hide under "
+                    "(estimate.overlap_beyond_windows: each micro-batch's forward for its gathers, its backward "
+                    "for the backward gathers and the reductions; Megatron-Core's buckets one micro-batch's "
+                    "each way): 1 on every GPU, where NCCL runs on its own streams beside the compute and what "
+                    "exceeds a window is exposed by the mechanism itself. Not fitted: until 2026-11-27 a pooled "
+                    "share fitted on TorchTitan and MosaicML (0.195) stood for the windows and the contention "
+                    "together, and left IBM's FSDP1 rows 27 % pessimistic. Measured profiles carry what "
+                    "profile-cluster sees (0 on CPUs: gloo's collectives and the compute share the cores)"),
+    ProfileConstant("overheads.comm_compute_slowdown", *_overhead("comm_compute_slowdown"), 0.0,
+                    "compute slowdown while a hidden data-parallel collective shares the GPU (its kernels' SMs "
+                    "and memory traffic): 0.189, the mean slowdown of overlapped compute against compute alone "
+                    "that Lee et al. measured for GPT and Llama training on 4 A100, H100, MI250 and MI210 GPUs "
+                    "(arXiv 2507.03114, 2025: 18.9 % on average, 40.0 % at most); the step pays it times the "
+                    "hidden time (estimate.DataParallelComm.contention). Sourced, not fitted"),
     ProfileConstant("overheads.cp_overlap", *_overhead("cp_overlap"), 0.0,
                     "share of ring attention's exposed K/V exchange (timing.cp_exposed: Transformer Engine's P2P "
                     "ring hides each step's exchange under a step of attention, PyTorch's runs in line) hidden "

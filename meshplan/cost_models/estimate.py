@@ -383,10 +383,14 @@ def _time_breakdown(lay: Layout, bts: dict[int, BlockTime], head, emb, crit: int
 class DataParallelComm:
     """The step's FSDP and replica collectives on the critical rank, seconds: issued, hidden and exposed.
 
-    What compute hides them under follows the stack (Layout.dp_overlap). prefetch: every collective beside
-    the unit it is not for, pooled over the step (hideable). buckets: the gathers under one micro-batch's
-    forward (gather_window), the reductions under one micro-batch's backward (reduce_window). none: nothing.
-    The first gather and the last reduction (the tails) have no compute before or after them to hide under."""
+    Each collective runs beside the compute of the unit it is issued with, and what exceeds that window is
+    exposed (overlap_beyond_windows); the windows follow the stack (Layout.dp_overlap). prefetch (FSDP1,
+    FSDP2): each micro-batch's forward gathers the next unit beside the current one, its backward gathers
+    again (unless the parameters are held) and reduce-scatters the last unit beside the current one.
+    buckets (Megatron-Core): the gathers under the first micro-batch's forward, the reductions under the
+    last one's backward. none: nothing hides. The first gather and the last reduction (the tails) have no
+    compute beside them. What hides is not free: while a collective's kernels share the GPU with the
+    compute, the compute runs slower (contention: overheads.comm_compute_slowdown x the hidden time)."""
 
     all_gather: float = 0.0  # FSDP parameter gathers, every unit, every time they are gathered
     reduce_scatter: float = 0.0  # FSDP gradient reductions
@@ -395,9 +399,8 @@ class DataParallelComm:
     tail_reduce_scatter: float = 0.0  # the last block's reduction, after the compute
     tail_all_reduce: float = 0.0
     mechanism: str = "prefetch"  # Layout.dp_overlap
-    hideable: float = 0.0  # prefetch: fsdp_overlap x the critical rank's work over the step
-    gather_window: float = 0.0  # buckets: fsdp_overlap x the critical rank's forward of one micro-batch
-    reduce_window: float = 0.0  # buckets: fsdp_overlap x its backward of one micro-batch
+    beyond_windows: float = 0.0  # the collectives' time past the compute beside them (tails apart)
+    contention: float = 0.0  # the compute's slowdown beside the hidden collectives
 
     @property
     def fsdp(self) -> float:
@@ -418,16 +421,12 @@ class DataParallelComm:
             return 0.0
         if self.mechanism == "none":
             return self.total
-        if self.mechanism == "buckets":
-            return (max(0.0, self.all_gather - self.gather_window)
-                    + max(0.0, self.reduce_scatter + self.all_reduce - self.reduce_window) + self.tail)
-        return max(0.0, self.total - self.hideable) + self.tail
+        return self.beyond_windows + self.tail + self.contention
 
     @property
     def hidden(self) -> float:
-        """Issued (tails included where they are issued apart) less exposed."""
-        issued = self.total + (0.0 if self.mechanism == "none" else self.tail)
-        return issued - self.exposed if self.total else 0.0
+        """Issued less what runs past its window (the tails are issued apart and never hide)."""
+        return self.total - self.beyond_windows if self.total and self.mechanism != "none" else 0.0
 
     @property
     def fsdp_share(self) -> float:
@@ -438,7 +437,7 @@ class DataParallelComm:
 @dataclass(frozen=True)
 class ComputeWindows:
     """The critical rank's compute over the step (busy) and over one micro-batch's forward and backward
-    (input and weight gradients): what data_parallel_comm hides collectives under."""
+    (input and weight gradients, recompute included): what data_parallel_comm hides collectives beside."""
 
     busy: float
     forward: float = 0.0
@@ -446,13 +445,33 @@ class ComputeWindows:
 
 
 def compute_windows(lay: Layout, parts: StepParts, crit: int) -> ComputeWindows:
-    """The windows lay.dp_overlap needs (one micro-batch's only where Megatron-Core's buckets use them)."""
-    if lay.dp_overlap != "buckets":
-        return ComputeWindows(parts.busy[crit])
+    """One micro-batch's forward and backward on the critical rank, and its work over the step."""
     d = parts.durations
     zeros = [0.0] * len(d.forward)
     fwd = rank_work(lay.schedule, lay.pp, lay.v, 1, d.forward, zeros, zeros)[crit]
     return ComputeWindows(parts.busy[crit], fwd, parts.busy[crit] / lay.n_micro - fwd)
+
+
+def overlap_beyond_windows(lay: Layout, c: DataParallelComm, windows: ComputeWindows, share: float) -> float:
+    """The collectives' time past the compute each runs beside (`share` of each window usable), tails apart.
+
+    prefetch, per micro-batch: its forward hides that micro-batch's gathers (every gather of the step under
+    the first micro-batch's forward where the parameters are held: PP, or no reshard after forward); its
+    backward hides the backward gathers and, in the micro-batches that reduce (Layout.grad_reductions),
+    the reductions. Blocks alike, so a micro-batch's windows stand for its blocks' windows summed."""
+    rs_ar = c.reduce_scatter + c.all_reduce
+    fwd, bwd = share * windows.forward, share * windows.backward
+    if c.mechanism == "none":
+        return c.total
+    if c.mechanism == "buckets":
+        return max(0.0, c.all_gather - fwd) + max(0.0, rs_ar - bwd)
+    m, g = lay.n_micro, lay.grad_reductions
+    if lay.pp > 1 or not lay.reshard_after_forward:
+        forward, ag_back = max(0.0, c.all_gather - fwd), 0.0
+    else:
+        forward, ag_back = m * max(0.0, c.all_gather / (2 * m) - fwd), c.all_gather / (2 * m)
+    backward = (m - g) * max(0.0, ag_back - bwd) + g * max(0.0, ag_back + rs_ar / g - bwd)
+    return forward + backward
 
 
 def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int,
@@ -464,9 +483,7 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
     params = sp.total - routed
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
     grad_bytes = lay.grad_reduce_bytes
-    share = prof.overheads.fsdp_overlap
-    c = DataParallelComm(mechanism=lay.dp_overlap, hideable=share * windows.busy,
-                         gather_window=share * windows.forward, reduce_window=share * windows.backward)
+    c = DataParallelComm(mechanism=lay.dp_overlap)
     units = sp.layers + 1  # FSDP groups one collective per block, plus the root (embedding, norm, head)
     if lay.fsdp_shard > 1:
         span = _fsdp_span(spans)
@@ -489,6 +506,9 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
         local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
         c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", local * grad_bytes, span, calls=units)
         c.tail_all_reduce = collective_time(prof, "all_reduce", sp.block * grad_bytes / lay.fsdp_shard, span)
+    if c.total:
+        c.beyond_windows = overlap_beyond_windows(lay, c, windows, prof.overheads.fsdp_overlap)
+        c.contention = prof.overheads.comm_compute_slowdown * c.hidden
     return c
 
 

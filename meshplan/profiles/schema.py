@@ -103,7 +103,11 @@ class CollectiveFit:
 class Overheads:
     """Terms fitted to measurements rather than derived: how much of communication hides, and memory slack."""
 
-    fsdp_overlap: float = 0.9  # fraction of FSDP/DP comm hidden when compute is longer
+    fsdp_overlap: float = 0.9  # share of the compute beside a data-parallel collective that it can hide under
+    # How much slower compute runs while a hidden data-parallel collective shares the GPU with it (its
+    # kernels take SMs and memory bandwidth): the step pays this times the hidden time
+    # (estimate.DataParallelComm.contention). 0: free overlap.
+    comm_compute_slowdown: float = 0.0
     tp_async_overlap: float = 0.21  # fraction of TP comm hidden by async TP (TorchTitan A/B, see built-ins)
     cp_overlap: float = 0.8
     memory_fragmentation: float = 0.05  # allocator slack on top of live tensors

@@ -44,6 +44,10 @@ def table4() -> list[dict[str, str]]:
         return [r for r in csv.DictReader(f) if r["table"] == "Table 4"]
 
 
+def prof_slowdown(name: str) -> float:
+    return load_profile(name).overheads.comm_compute_slowdown
+
+
 def columns(data):
     for prof, p in data["profiles"].items():
         for name, c in p["columns"].items():
@@ -113,7 +117,9 @@ def test_collectives_issued_minus_hidden_is_exposed(run):
         assert i[".CP comm issued"] - i[".CP hidden under attention"] == pytest.approx(t["CP comm exposed"], abs=1e-9)
         issued = i[".FSDP all-gather issued"] + i[".FSDP reduce-scatter issued"] + i[".DP all-reduce issued"]
         exposed = t["FSDP comm exposed"] + t["DP comm exposed"]
-        assert issued - i[".FSDP/DP hidden under compute"] == pytest.approx(exposed, abs=1e-9), (prof, name)
+        hidden, contention = i[".FSDP/DP hidden under compute"], i[".FSDP/DP contention"]
+        assert contention == pytest.approx(prof_slowdown(prof) * hidden, abs=1e-12)
+        assert issued - hidden + contention == pytest.approx(exposed, abs=1e-9), (prof, name)
 
 
 def test_memory_terms_sum_to_the_peak(run):
@@ -181,9 +187,12 @@ def test_statuses_follow_the_registry():
     assert explain_70b.driver("model.adamw_bytes_per_param", dgx).status == "D"
     assert explain_70b.driver("model.norm_passes", dgx).status == "S"  # 20 against a physical 2, with its source
     # dgx carries the 96 GB part's fit, said in its provenance (transferred); without that entry it is unsourced
-    assert explain_70b.driver("overheads.fsdp_overlap", dgx).status == "T"
+    assert explain_70b.driver("overheads.tp_async_overlap", dgx).status == "T"
     bare = replace(dgx, provenance={k: v for k, v in dgx.provenance.items() if k != "overheads.fitted"})
-    assert explain_70b.driver("overheads.fsdp_overlap", bare).status == "U"
+    assert explain_70b.driver("overheads.tp_async_overlap", bare).status == "U"
+    # each window whole (its physical default) and a slowdown with its source in the registry
+    assert explain_70b.driver("overheads.fsdp_overlap", dgx).status == "D"
+    assert explain_70b.driver("overheads.comm_compute_slowdown", dgx).status == "S"
     # the reduce-scatter line is sourced by its sibling entry
     assert explain_70b.driver("collectives.nvlink.reduce_scatter", dgx).status == "S"
 

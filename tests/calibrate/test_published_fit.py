@@ -39,7 +39,7 @@ def test_fit_on_a_published_table_improves_and_stays_physical():
     rows = _rows(TABLE_1)
     fitted = fit(rows)
     assert {name for name, _ in fitted} == {"device.sustained_fraction", "overheads.compile_speedup",
-                                            "overheads.fsdp_overlap", "overheads.memory_fragmentation"}
+                                            "overheads.memory_fragmentation"}
     for (name, profile), value in fitted.items():
         lo, hi = PHYSICAL[name]
         assert profile == EVERY_GPU or PROFILE in fitted_profiles(profile), (name, profile)

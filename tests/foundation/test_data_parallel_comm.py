@@ -62,30 +62,63 @@ def test_ddp_and_hsdp_all_reduce_every_micro_batch():
     assert _exposed(hsdp) > _exposed(replace(hsdp, grad_sync="last_microbatch"))
 
 
-def _priced(lay: Layout, share: float, windows: ComputeWindows):
+def _priced(lay: Layout, share: float, windows: ComputeWindows, slowdown: float = 0.0):
     from meshplan.cost_models.estimate import data_parallel_comm
 
-    prof = replace(PROF, overheads=replace(PROF.overheads, fsdp_overlap=share))
+    prof = replace(PROF, overheads=replace(PROF.overheads, fsdp_overlap=share, comm_compute_slowdown=slowdown))
     return data_parallel_comm(lay, prof, group_spans(lay, prof), 0, windows)
 
 
 def test_each_stack_hides_data_parallel_traffic_under_its_own_window():
-    """By hand from the issued collectives (the same with nothing hidden): FSDP's prefetch pools every
-    collective against share x the step's work; Megatron-Core's buckets hide the gathers under share x one
-    micro-batch's forward and the reductions under share x its backward; Megatron-LM's local DDP hides
-    nothing, and its all-reduce has no separate tail. The first gather and last reduction stay exposed."""
+    """By hand from the issued collectives (the same with nothing hidden), 4 micro-batches (256 sequences
+    over 64 ranks), FSDP resharding after forward: each micro-batch's forward hides its eighth of the
+    gathers under share x one forward, its backward the other eighth and a quarter of the reductions under
+    share x one backward. Megatron-Core's buckets hide the gathers under share x one micro-batch's forward
+    and the reductions under share x its backward; Megatron-LM's local DDP hides nothing. The first gather
+    and the last reduction stay exposed."""
     lay = _layout()
+    assert lay.n_micro == 4 and lay.grad_reductions == 4
     w = ComputeWindows(busy=8.0, forward=0.5, backward=1.2)
     c = _priced(lay, 0.0, w)
     ag, rs, tail = c.all_gather, c.reduce_scatter, c.tail
     assert ag > 0 and rs > 0 and tail > 0
     prefetch = _priced(lay, 0.3, w)
-    assert prefetch.exposed == pytest.approx(max(0.0, ag + rs - 0.3 * 8.0) + tail)
+    by_hand = 4 * max(0.0, ag / 8 - 0.3 * 0.5) + 4 * max(0.0, ag / 8 + rs / 4 - 0.3 * 1.2)
+    assert prefetch.exposed == pytest.approx(by_hand + tail)
+    assert prefetch.hidden == pytest.approx(ag + rs - by_hand)
     buckets = _priced(replace(lay, dp_overlap="buckets"), 0.3, w)
     assert buckets.exposed == pytest.approx(max(0.0, ag - 0.3 * 0.5) + max(0.0, rs - 0.3 * 1.2) + tail)
-    assert buckets.hidden == pytest.approx(ag + rs + tail - buckets.exposed)
+    assert buckets.hidden == pytest.approx(ag + rs - buckets.exposed + tail)
     none = _priced(replace(lay, dp_overlap="none"), 0.3, w)
     assert none.exposed == pytest.approx(ag + rs) and none.hidden == 0.0
+
+
+def test_collectives_past_their_window_are_exposed_and_what_hides_slows_the_compute():
+    """The 8B over 64 H100s, one micro-batch's windows set by hand. Windows longer than every collective:
+    only the tails and the contention, 18.9 % of the hidden time, are paid. Windows of zero: everything
+    issued is exposed and nothing slows the compute. Held parameters (no reshard) gather once, under the
+    first micro-batch's forward alone; a once-per-step reduction (Megatron-style accumulation) runs under
+    the last micro-batch's backward alone."""
+    lay = _layout()
+    c0 = _priced(lay, 1.0, ComputeWindows(0.0), 0.189)
+    ag, rs, tail = c0.all_gather, c0.reduce_scatter, c0.tail
+    assert c0.exposed == pytest.approx(ag + rs + tail) and c0.contention == 0.0
+    wide = _priced(lay, 1.0, ComputeWindows(busy=100.0, forward=10.0, backward=15.0), 0.189)
+    assert wide.exposed == pytest.approx(tail + 0.189 * (ag + rs))
+    held = replace(lay, reshard_after_forward=False)
+    g1 = _priced(held, 1.0, ComputeWindows(0.0)).all_gather
+    assert g1 == pytest.approx(ag / 8)  # one gather a step against 2 x 4
+    w = ComputeWindows(busy=4.0, forward=g1 / 2, backward=0.9)
+    got = _priced(held, 1.0, w)
+    assert got.beyond_windows == pytest.approx(g1 / 2 + 4 * max(0.0, rs / 4 - 0.9))
+    once = replace(lay, grad_sync="last_microbatch")
+    rs1 = _priced(once, 1.0, ComputeWindows(0.0)).reduce_scatter
+    assert rs1 == pytest.approx(rs / 4)
+    w = ComputeWindows(busy=4.0, forward=1.0, backward=rs1 / 2)
+    got = _priced(once, 1.0, w)
+    # backward of each micro-batch: its eighth of the gathers; the last one also the whole reduction
+    by_hand = 4 * max(0.0, ag / 8 - 1.0) + 3 * max(0.0, ag / 8 - rs1 / 2) + max(0.0, ag / 8 + rs1 - rs1 / 2)
+    assert got.beyond_windows == pytest.approx(by_hand)
 
 
 def test_buckets_windows_are_one_micro_batch_of_the_critical_rank():
