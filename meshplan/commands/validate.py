@@ -19,19 +19,36 @@ def parser() -> ArgumentParser:
     ap.add_argument("--nested", action="store_true",
                     help="with --cross: choose the cost model's forms by nested cross-validation and score the held-out "
                          "tables (slow: one leave-one-table-out fit per table, form and alternative)")
+    ap.add_argument("--form", action="append", metavar="NAME",
+                    help="with --nested: choose this form only (repeatable); the others stay at the shipped alternative")
+    ap.add_argument("--jobs", type=int, default=1, help="with --nested: processes to run the held-out folds on")
     return ap
+
+
+def _nested_text(names: list[str] | None, jobs: int) -> str:
+    from meshplan.cost_models import forms
+    from meshplan.cost_models.nested import nested_cross_validate, nested_text
+
+    for name in names or []:
+        if name not in forms.ALTERNATIVES:
+            raise InputError("--form", f"must be one of {', '.join(forms.ALTERNATIVES)}, got {name!r}")
+    if jobs < 1:
+        raise InputError("--jobs", f"must be at least 1, got {jobs}")
+    alternatives = {n: forms.ALTERNATIVES[n] for n in names} if names else None
+    return nested_text(nested_cross_validate(alternatives=alternatives, jobs=jobs))
 
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.nested and not args.cross:
         raise InputError("--nested", "goes with --cross")
+    if (args.form or args.jobs != 1) and not args.nested:
+        raise InputError("--form" if args.form else "--jobs", "goes with --nested")
     if args.constants or args.cross:
         from meshplan.cost_models.crossval import constants_text, cross_report
-        from meshplan.cost_models.nested import nested_text
         print("\n\n".join(f() for f, on in ((constants_text, args.constants),
                                              (lambda: cross_report(args.save), args.cross and not args.nested),
-                                             (nested_text, args.nested)) if on))
+                                             (lambda: _nested_text(args.form, args.jobs), args.nested)) if on))
         return 0
     results = validation_results()
     groups = table_groups(results)

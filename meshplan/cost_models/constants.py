@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Iterator
 
+from meshplan.cost_models import forms
 from meshplan.profiles.schema import ClusterProfile
 
 # Published tables that fitted constants may be fitted on (the validation sources).
@@ -118,15 +119,24 @@ class ProfileConstant:
     set: Callable[[ClusterProfile, float], ClusterProfile]
     physical: float
     source: str
-    # profile name -> tables it was fitted on; EVERY_GPU: one value for every GPU profile, fitted on the
-    # tables' rows whatever their profile
-    fitted_on: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # profile name -> tables it is fitted on; EVERY_GPU: one value for every GPU profile, fitted on the
+    # tables' rows whatever their profile. Read through fitted_on, which honours `form`.
+    fits: dict[str, tuple[str, ...]] = field(default_factory=dict)
     bounds: tuple[float, float] = (0.0, 1.0)  # for a fit
     time: bool = True  # a time term (else memory)
     # mse: mean squared log error. spread: the same with each table's mean log error taken out first, so
     # that the constant is fitted on how errors vary inside a source, not on a source's level (its
     # stack's own speed, which the per-profile rate constants carry).
     objective: str = "mse"
+    # (form, alternative) of forms.py under which the constant is fitted; None: under every form
+    form: tuple[str, str] | None = None
+
+    @property
+    def fitted_on(self) -> dict[str, tuple[str, ...]]:
+        """The tables it is fitted on under the forms in force (none where its form is not)."""
+        if self.form is not None and getattr(forms.FORMS, self.form[0]) != self.form[1]:
+            return {}
+        return self.fits
 
 
 EVERY_GPU = "every GPU profile"
@@ -202,7 +212,10 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "exceeds a window is exposed by the mechanism itself. Not fitted: until 2026-11-27 a pooled "
                     "share fitted on TorchTitan and MosaicML (0.195) stood for the windows and the contention "
                     "together, and left IBM's FSDP1 rows 27 % pessimistic. Measured profiles carry what "
-                    "profile-cluster sees (0 on CPUs: gloo's collectives and the compute share the cores)"),
+                    "profile-cluster sees (0 on CPUs: gloo's collectives and the compute share the cores). "
+                    "Under forms.py's pooled alternative (for nested cross-validation) it is that share again, "
+                    "fitted on the spread of TorchTitan's and MosaicML's rows",
+                    {EVERY_GPU: TORCHTITAN + (LLMFOUNDRY,)}, objective="spread", form=("dp_overlap", "pooled")),
     ProfileConstant("overheads.comm_compute_slowdown", *_overhead("comm_compute_slowdown"), 0.0,
                     "compute slowdown while a hidden data-parallel collective shares the GPU (its kernels' SMs "
                     "and memory traffic): 0.189, the mean slowdown of overlapped compute against compute alone "

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from meshplan.cost_models import constants
+from meshplan.cost_models import constants, forms
 from meshplan.cost_models.mfu import mfu as model_mfu, mfu_peak_name
 from meshplan.cost_models.activations import recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
@@ -506,9 +506,12 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
         local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
         c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", local * grad_bytes, span, calls=units)
         c.tail_all_reduce = collective_time(prof, "all_reduce", sp.block * grad_bytes / lay.fsdp_shard, span)
-    if c.total:
+    if c.total and forms.FORMS.dp_overlap == "pooled" and c.mechanism == "prefetch":
+        c.beyond_windows = max(0.0, c.total - prof.overheads.fsdp_overlap * windows.busy)
+    elif c.total:
         c.beyond_windows = overlap_beyond_windows(lay, c, windows, prof.overheads.fsdp_overlap)
-        c.contention = prof.overheads.comm_compute_slowdown * c.hidden
+        if forms.FORMS.dp_overlap == "windows":
+            c.contention = prof.overheads.comm_compute_slowdown * c.hidden
     return c
 
 

@@ -18,10 +18,17 @@ class Forms:
     # projection it feeds, a reduce-scatter beside the one it drains: PyTorch's fused_all_gather_matmul
     # and fused_matmul_reduce_scatter), so a thin model's collectives, long beside its matmuls, hide less.
     async_tp: str = "traffic"
+    # What data-parallel collectives hide under (estimate.data_parallel_comm):
+    # windows: each collective under the compute of the micro-batch it is issued in (every window whole,
+    # overheads.fsdp_overlap 1 on GPUs), the compute beside it slowed by overheads.comm_compute_slowdown
+    # (sourced), nothing fitted;
+    # pooled: every collective against one fitted share (overheads.fsdp_overlap) of the critical rank's
+    # work over the step, no contention: the form shipped until 2026-11-27 (0.195 fitted).
+    dp_overlap: str = "windows"
 
 
 FORMS = Forms()
-ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window")}
+ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "dp_overlap": ("windows", "pooled")}
 
 
 @contextmanager

@@ -17,6 +17,7 @@ alone.
 from __future__ import annotations
 
 import statistics
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from meshplan.cost_models import forms
@@ -37,6 +38,7 @@ class NestedResult:
     out_of_sample: list[RowError] = field(default_factory=list)
     folds: list[Fold] = field(default_factory=list)
     on_every_table: Fold | None = None  # the choice made on all tables: what should ship
+    forms: tuple[str, ...] = ()  # the forms chosen; the others stay at the shipped alternative
 
 
 def table_mean_error(errs: list[RowError]) -> float:
@@ -58,20 +60,44 @@ def choose_forms(rows: list[PublishedRow], alternatives: dict[str, tuple[str, ..
     return chosen, inner
 
 
+def outer_fold(rows: list[PublishedRow], held_out: str | None,
+               alternatives: dict[str, tuple[str, ...]]) -> tuple[list[RowError], Fold]:
+    """One outer fold: forms chosen and constants fitted without `held_out`, which is then predicted.
+    held_out None: the choice on every table (nothing predicted)."""
+    train = [r for r in rows if r.table != held_out]
+    chosen, inner = choose_forms(train, alternatives)
+    if held_out is None:
+        return [], Fold("", inner, chosen)
+    with forms.forms(**chosen):
+        values = fit(train)
+        errs = row_errors([r for r in rows if r.table == held_out], transform_of(values))
+    return errs, Fold(held_out, inner, chosen)
+
+
+def _outer_fold_of_the_training_rows(args: tuple[str | None, dict[str, tuple[str, ...]]]):
+    """outer_fold on every published training row, in a worker process (rows are rebuilt there)."""
+    held_out, alternatives = args
+    return outer_fold(training_rows(), held_out, alternatives)
+
+
 def nested_cross_validate(rows: list[PublishedRow] | None = None,
-                          alternatives: dict[str, tuple[str, ...]] | None = None) -> NestedResult:
-    rows = rows or training_rows()
+                          alternatives: dict[str, tuple[str, ...]] | None = None, jobs: int = 1) -> NestedResult:
+    """Every table held out in turn, and the choice on every table. jobs > 1 runs the folds in that many
+    processes (on the published training rows only: a worker rebuilds them)."""
     alternatives = alternatives or forms.ALTERNATIVES
-    result = NestedResult()
-    for table in dict.fromkeys(r.table for r in rows):
-        train = [r for r in rows if r.table != table]
-        chosen, inner = choose_forms(train, alternatives)
-        with forms.forms(**chosen):
-            values = fit(train)
-            result.out_of_sample += row_errors([r for r in rows if r.table == table], transform_of(values))
-        result.folds.append(Fold(table, inner, chosen))
-    chosen, inner = choose_forms(rows, alternatives)
-    result.on_every_table = Fold("", inner, chosen)
+    tables: list[str | None] = list(dict.fromkeys(r.table for r in (rows or training_rows())))
+    tasks = tables + [None]
+    if jobs > 1 and rows is None:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            done = list(pool.map(_outer_fold_of_the_training_rows, [(t, alternatives) for t in tasks]))
+    else:
+        rows = rows or training_rows()
+        done = [outer_fold(rows, t, alternatives) for t in tasks]
+    result = NestedResult(forms=tuple(alternatives))
+    for errs, fold in done[:-1]:
+        result.out_of_sample += errs
+        result.folds.append(fold)
+    result.on_every_table = done[-1][1]
     return result
 
 
@@ -89,6 +115,9 @@ def nested_text(result: NestedResult | None = None) -> str:
         lines.append(f"  {fold.held_out[:40]:<40} {picks}")
     every = r.on_every_table
     for name, options in forms.ALTERNATIVES.items():
+        if name not in r.forms:
+            lines.append(f"form {name}: not chosen here, held at the shipped {getattr(forms.FORMS, name)}")
+            continue
         wins = {o: sum(f.chosen.get(name) == o for f in r.folds) for o in options}
         lines.append(f"form {name}: " + ", ".join(f"{o} chosen in {n} of {len(r.folds)} folds" for o, n in wins.items())
                      + (f"; on every table: {every.chosen[name]} ("

@@ -134,3 +134,37 @@ def test_buckets_windows_are_one_micro_batch_of_the_critical_rank():
         assert w.forward == pytest.approx(d.forward[rank])
         assert w.backward == pytest.approx(d.backward[rank] + d.weight[rank])
         assert w.busy == pytest.approx(lay.n_micro * (w.forward + w.backward))
+
+
+def test_the_pooled_alternative_hides_against_a_share_of_the_step_without_contention():
+    """forms.py's pooled form (shipped until 2026-11-27, kept for nested cross-validation): every collective
+    of FSDP's prefetch against share x the critical rank's work over the step, by hand; nothing slows the
+    compute. Megatron-Core's buckets keep their one-micro-batch windows at that share."""
+    from meshplan.cost_models import forms
+
+    lay = _layout()
+    w = ComputeWindows(busy=8.0, forward=0.5, backward=1.2)
+    c = _priced(lay, 0.0, w)
+    ag, rs, tail = c.all_gather, c.reduce_scatter, c.tail
+    with forms.forms(dp_overlap="pooled"):
+        pooled = _priced(lay, 0.3, w, slowdown=0.189)
+        buckets = _priced(replace(lay, dp_overlap="buckets"), 0.3, w, slowdown=0.189)
+    assert pooled.exposed == pytest.approx(max(0.0, ag + rs - 0.3 * 8.0) + tail)
+    assert pooled.contention == 0.0
+    assert buckets.exposed == pytest.approx(max(0.0, ag - 0.3 * 0.5) + max(0.0, rs - 0.3 * 1.2) + tail)
+
+
+def test_fsdp_overlap_is_fitted_under_the_pooled_form_only():
+    """The windows form fits nothing about the overlap; the pooled one fits its share, on the spread of
+    TorchTitan's and MosaicML's rows, as it was fitted when it shipped."""
+    from meshplan.cost_models import constants, forms
+    from meshplan.cost_models.crossval import fit_targets
+
+    name = "overheads.fsdp_overlap"
+    assert name not in {t.constant.name for t in fit_targets()}
+    assert constants.profile_constant(name).fitted_on == {}
+    with forms.forms(dp_overlap="pooled"):
+        targets = [t for t in fit_targets() if t.constant.name == name]
+        assert [t.profile for t in targets] == [constants.EVERY_GPU]
+        assert set(targets[0].tables) == set(constants.TORCHTITAN) | {constants.LLMFOUNDRY}
+        assert targets[0].constant.objective == "spread"
