@@ -390,7 +390,9 @@ class DataParallelComm:
     buckets (Megatron-Core): the gathers under the first micro-batch's forward, the reductions under the
     last one's backward. none: nothing hides. The first gather and the last reduction (the tails) have no
     compute beside them. What hides is not free: while a collective's kernels share the GPU with the
-    compute, the compute runs slower (contention: overheads.comm_compute_slowdown x the hidden time)."""
+    compute, the compute runs slower (contention: overheads.comm_compute_slowdown x the hidden time).
+    Under forms.py's pooled alternative, FSDP's collectives instead pool against overheads.fsdp_overlap of
+    the critical rank's work over the step, with no contention (the form shipped until 2026-11-27)."""
 
     all_gather: float = 0.0  # FSDP parameter gathers, every unit, every time they are gathered
     reduce_scatter: float = 0.0  # FSDP gradient reductions
