@@ -460,15 +460,18 @@ def overlap_beyond_windows(lay: Layout, c: DataParallelComm, windows: ComputeWin
     prefetch, per micro-batch: its forward hides that micro-batch's gathers (every gather of the step under
     the first micro-batch's forward where the parameters are held: PP, or no reshard after forward); its
     backward hides the backward gathers and, in the micro-batches that reduce (Layout.grad_reductions),
-    the reductions. Blocks alike, so a micro-batch's windows stand for its blocks' windows summed."""
+    the reductions. Blocks alike, so a micro-batch's windows stand for its blocks' windows summed.
+    Under forms.py's pooled alternative, prefetch's collectives pool against `share` of the step's work."""
     rs_ar = c.reduce_scatter + c.all_reduce
     fwd, bwd = share * windows.forward, share * windows.backward
     if c.mechanism == "none":
         return c.total
+    if c.mechanism == "prefetch" and forms.FORMS.dp_overlap == "pooled":
+        return max(0.0, c.total - share * windows.busy)
     if c.mechanism == "buckets":
         return max(0.0, c.all_gather - fwd) + max(0.0, rs_ar - bwd)
     m, g = lay.n_micro, lay.grad_reductions
-    if lay.pp > 1 or not lay.reshard_after_forward:
+    if lay.params_held:
         forward, ag_back = max(0.0, c.all_gather - fwd), 0.0
     else:
         forward, ag_back = m * max(0.0, c.all_gather / (2 * m) - fwd), c.all_gather / (2 * m)
@@ -489,8 +492,7 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
     units = sp.layers + 1  # FSDP groups one collective per block, plus the root (embedding, norm, head)
     if lay.fsdp_shard > 1:
         span = _fsdp_span(spans)
-        held = lay.pp > 1 or not lay.reshard_after_forward
-        gathers = 1 if held else 2 * lay.n_micro
+        gathers = 1 if lay.params_held else 2 * lay.n_micro
         c.all_gather = gathers * collective_time(prof, "all_gather", params * gather_bytes, span, calls=units)
         c.reduce_scatter = lay.grad_reductions * collective_time(prof, "reduce_scatter", params * grad_bytes, span,
                                                                  calls=units)
@@ -508,11 +510,9 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
         local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
         c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", local * grad_bytes, span, calls=units)
         c.tail_all_reduce = collective_time(prof, "all_reduce", sp.block * grad_bytes / lay.fsdp_shard, span)
-    if c.total and forms.FORMS.dp_overlap == "pooled" and c.mechanism == "prefetch":
-        c.beyond_windows = max(0.0, c.total - prof.overheads.fsdp_overlap * windows.busy)
-    elif c.total:
+    if c.total:
         c.beyond_windows = overlap_beyond_windows(lay, c, windows, prof.overheads.fsdp_overlap)
-        if forms.FORMS.dp_overlap == "windows":
+        if forms.FORMS.dp_overlap == "windows":  # the pooled share stood for the contention too
             c.contention = prof.overheads.comm_compute_slowdown * c.hidden
     return c
 

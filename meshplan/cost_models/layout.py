@@ -148,6 +148,12 @@ class Layout:
         return self.global_batch // (self.micro_batch * self.dp)
 
     @property
+    def params_held(self) -> bool:
+        """Whether gathered parameters stay unsharded from the first forward to the step's end: under a
+        pipeline schedule (FSDP2 keeps them across micro-batches) or without reshard after forward."""
+        return self.pp > 1 or not self.reshard_after_forward
+
+    @property
     def grad_reductions(self) -> int:
         """Data-parallel gradient reductions per step: a pipeline schedule holds the sync back to the
         last micro-batch; without one, FSDP2 and DDP reduce after every backward unless told not to."""

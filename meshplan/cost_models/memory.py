@@ -385,7 +385,7 @@ def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
     grad_bytes = lay.act_bytes
     # Root module (embedding, final norm, head) stays unsharded for the whole step.
     root = (sp.embedding + sp.head) * lay.act_bytes
-    if not lay.reshard_after_forward or lay.pp > 1:
+    if lay.params_held:
         held = sp.blocks * gather_bytes
         # Under pipelining the fp32 accumulators are counted apart (grad_accumulators); the current
         # block's compute-dtype gradients sit beside them.
