@@ -390,7 +390,8 @@ class DataParallelComm:
     buckets (Megatron-Core): the gathers under the first micro-batch's forward, the reductions under the
     last one's backward. none: nothing hides. The first gather and the last reduction (the tails) have no
     compute beside them. What hides is not free: while a collective's kernels share the GPU with the
-    compute, the compute runs slower (contention: overheads.comm_compute_slowdown x the hidden time).
+    compute, the compute runs slower (contention: overheads.comm_compute_slowdown x the hidden time, or
+    under forms.py's kernel_work alternative x the hidden share of the collectives at the node level's rate).
     Under forms.py's pooled alternative, FSDP's collectives instead pool against overheads.fsdp_overlap of
     the critical rank's work over the step, with no contention (the form shipped until 2026-11-27)."""
 
@@ -403,6 +404,7 @@ class DataParallelComm:
     mechanism: str = "prefetch"  # Layout.dp_overlap
     beyond_windows: float = 0.0  # the collectives' time past the compute beside them (tails apart)
     contention: float = 0.0  # the compute's slowdown beside the hidden collectives
+    at_node_rate: float = 0.0  # the same collectives (tails apart) timed as if their group shared one node
 
     @property
     def fsdp(self) -> float:
@@ -489,32 +491,45 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
     gather_bytes = 1.0 if lay.float8 else lay.act_bytes
     grad_bytes = lay.grad_reduce_bytes
     c = DataParallelComm(mechanism=lay.dp_overlap)
+
+    def issued(times: int, op: str, payload: float, span: GroupSpan, calls: int) -> float:
+        """`times` rounds of a collective over its group; at_node_rate gathers them at the node level's rate."""
+        c.at_node_rate += times * collective_time(prof, op, payload, GroupSpan(span.size, span.size), calls)
+        return times * collective_time(prof, op, payload, span, calls)
+
     units = sp.layers + 1  # FSDP groups one collective per block, plus the root (embedding, norm, head)
     if lay.fsdp_shard > 1:
         span = _fsdp_span(spans)
         gathers = 1 if lay.params_held else 2 * lay.n_micro
-        c.all_gather = gathers * collective_time(prof, "all_gather", params * gather_bytes, span, calls=units)
-        c.reduce_scatter = lay.grad_reductions * collective_time(prof, "reduce_scatter", params * grad_bytes, span,
-                                                                 calls=units)
+        c.all_gather = issued(gathers, "all_gather", params * gather_bytes, span, units)
+        c.reduce_scatter = issued(lay.grad_reductions, "reduce_scatter", params * grad_bytes, span, units)
         c.tail_all_gather = collective_time(prof, "all_gather", sp.block * gather_bytes, span)
         c.tail_reduce_scatter = collective_time(prof, "reduce_scatter", sp.block * grad_bytes, span)
         efsdp = lay.routed_fsdp_shard
         if routed and efsdp > 1:
             espan = _expert_fsdp_span(spans, lay)
             moe_units = sum(n for k, n in sp.kinds if lay.spec.is_moe_layer(k))
-            c.all_gather += gathers * collective_time(prof, "all_gather", routed * gather_bytes, espan, calls=moe_units)
-            c.reduce_scatter += lay.grad_reductions * collective_time(prof, "reduce_scatter", routed * grad_bytes, espan,
-                                                                      calls=moe_units)
+            c.all_gather += issued(gathers, "all_gather", routed * gather_bytes, espan, moe_units)
+            c.reduce_scatter += issued(lay.grad_reductions, "reduce_scatter", routed * grad_bytes, espan, moe_units)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
         local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
-        c.all_reduce = lay.grad_reductions * collective_time(prof, "all_reduce", local * grad_bytes, span, calls=units)
+        c.all_reduce = issued(lay.grad_reductions, "all_reduce", local * grad_bytes, span, units)
         c.tail_all_reduce = collective_time(prof, "all_reduce", sp.block * grad_bytes / lay.fsdp_shard, span)
     if c.total:
         c.beyond_windows = overlap_beyond_windows(lay, c, windows, prof.overheads.fsdp_overlap)
         if forms.FORMS.dp_overlap == "windows":  # the pooled share stood for the contention too
-            c.contention = prof.overheads.comm_compute_slowdown * c.hidden
+            c.contention = prof.overheads.comm_compute_slowdown * contended(c)
     return c
+
+
+def contended(c: DataParallelComm) -> float:
+    """The time the compute is slowed over, as forms.FORMS.contention says: the hidden time, or the hidden
+    share of the collectives at the node level's rate (their kernels' work, which a slower link stretches
+    without adding to)."""
+    if forms.FORMS.contention == "hidden_time":
+        return c.hidden
+    return c.hidden * c.at_node_rate / c.total
 
 
 def _data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int,

@@ -25,10 +25,18 @@ class Forms:
     # pooled: every collective against one fitted share (overheads.fsdp_overlap) of the critical rank's
     # work over the step, no contention: the form shipped until 2026-11-27 (0.195 fitted).
     dp_overlap: str = "windows"
+    # What the compute beside a hidden data-parallel collective pays (estimate.DataParallelComm.contention,
+    # windows form only), overheads.comm_compute_slowdown times:
+    # hidden_time: the time the collective hides, at whatever rate its links run;
+    # kernel_work: the same share of the collective at the node level's rate, the rate Lee et al. measured
+    # the slowdown at (4 GPUs on one node). The kernels' SM and HBM work is the bytes they reduce and copy,
+    # which a slower network spreads over a longer time without adding to it.
+    contention: str = "hidden_time"
 
 
 FORMS = Forms()
-ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "dp_overlap": ("windows", "pooled")}
+ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "dp_overlap": ("windows", "pooled"),
+                                            "contention": ("hidden_time", "kernel_work")}
 
 
 @contextmanager
