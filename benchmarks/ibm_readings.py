@@ -7,14 +7,16 @@ those as each node's network (8 GPUs share it) and hides each of FSDP's collecti
 compute of the micro-batch it is issued in, with the compute beside it slowed by the profile's
 comm_compute_slowdown (estimate.data_parallel_comm). Printed, with the built-in profiles: predicted /
 measured step time - 1 per scored row as shipped; with the DGX profiles' own networks (the figures
-read as per GPU); and with free overlap (comm_compute_slowdown 0). No assertions: this prints, it
-does not judge.
+read as per GPU); with the contention under each of forms.py's alternatives (the hidden time, or the
+collectives' kernel work at the node level's rate); and with free overlap (comm_compute_slowdown 0).
+No assertions: this prints, it does not judge.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from meshplan.cost_models import forms
 from meshplan.cost_models.published import ibm_fms_rows
 from meshplan.cost_models.validate import predict
 from meshplan.profiles.registry import load_profile
@@ -25,26 +27,30 @@ def free_overlap(name: str):
     return replace(prof, overheads=replace(prof.overheads, comm_compute_slowdown=0.0))
 
 
-READINGS = {
-    "as shipped (the page's network per node, collectives under their windows, contention)": (lambda r: r,
-                                                                                            load_profile),
-    "the DGX profiles' networks (the page's figures per GPU)": (lambda r: replace(r, network_gbs_per_gpu=None),
-                                                                load_profile),
-    "comm_compute_slowdown 0 (what hides under compute costs nothing)": (lambda r: r, free_overlap),
+SHIPPED: dict[str, str] = {}
+READINGS = {  # title: (the row as read, its profile, the forms it is priced under)
+    "as shipped (the page's network per node, collectives under their windows, contention)": (
+        lambda r: r, load_profile, SHIPPED),
+    "the DGX profiles' networks (the page's figures per GPU)": (
+        lambda r: replace(r, network_gbs_per_gpu=None), load_profile, SHIPPED),
+    **{f"contention over the {c.replace('_', ' ')} (forms.py contention: {c})": (lambda r: r, load_profile,
+                                                                                 {"contention": c})
+       for c in forms.ALTERNATIVES["contention"]},
+    "comm_compute_slowdown 0 (what hides under compute costs nothing)": (lambda r: r, free_overlap, SHIPPED),
 }
 
 
 def main() -> None:
     rows = [r for r in ibm_fms_rows() if not r.skipped]
-    for title, (row_of, load) in READINGS.items():
-        errs = [(r.label, r.published / predict(row_of(r), load)[0] - 1) for r in rows]
+    for title, (row_of, load, form) in READINGS.items():
+        with forms.forms(**form):
+            errs = [(r.label, r.published / predict(row_of(r), load)[0] - 1) for r in rows]
         e = [x for _, x in errs]
         print(f"{title}: MAPE {sum(map(abs, e)) / len(e):.1%}, bias {sum(e) / len(e):+.1%}, "
               f"rows {min(e):+.1%} to {max(e):+.1%}")
         for label, x in errs:
             print(f"  {label:<55} {x:+.1%}")
         print()
-
 
 if __name__ == "__main__":
     main()

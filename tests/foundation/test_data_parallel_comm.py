@@ -168,3 +168,32 @@ def test_fsdp_overlap_is_fitted_under_the_pooled_form_only():
         assert [t.profile for t in targets] == [constants.EVERY_GPU]
         assert set(targets[0].tables) == set(constants.TORCHTITAN) | {constants.LLMFOUNDRY}
         assert targets[0].constant.objective == "spread"
+
+
+def test_kernel_work_contention_prices_the_collectives_at_the_node_rate():
+    """forms.py's kernel_work alternative: the compute slows by 18.9 % of the hidden collectives timed as
+    if their group shared one node (the rate Lee et al. measured at). On one node that is the hidden time
+    itself. With TP 8 filling each node, FSDP's group of 8 has one rank a node, and its collectives run at
+    one NIC's 46 GB/s against NVLink's 360: the slower link stretches the collectives, not their kernels'
+    work, so the contention is what the same gathers (8 a step) and reductions (4) cost on the node level."""
+    from meshplan.cost_models import forms
+    from meshplan.cost_models.comm import GroupSpan
+
+    wide = ComputeWindows(busy=100.0, forward=10.0, backward=15.0)
+    one_node = _layout(gpus=8, dp_shard=8, global_batch=32)
+    across = _layout(dp_shard=8, tp=8, sp=True, global_batch=32)
+    with forms.forms(contention="kernel_work"):
+        node_kernel = _priced(one_node, 1.0, wide, 0.189)
+        cross_kernel = _priced(across, 1.0, wide, 0.189)
+    node_time = _priced(one_node, 1.0, wide, 0.189)
+    assert node_kernel.contention == pytest.approx(node_time.contention) and node_time.contention > 0
+    cross_time = _priced(across, 1.0, wide, 0.189)
+    assert cross_time.contention == pytest.approx(0.189 * (cross_time.all_gather + cross_time.reduce_scatter))
+    sp = stage_params(across, 0)
+    on_node, units = GroupSpan(8, 8), sp.layers + 1
+    assert across.n_micro == 4 and _fsdp_span(group_spans(across, PROF)).ranks_per_node == 1
+    by_hand = (8 * collective_time(PROF, "all_gather", sp.total * 2.0, on_node, calls=units)
+               + 4 * collective_time(PROF, "reduce_scatter", sp.total * 4.0, on_node, calls=units))
+    assert cross_kernel.contention == pytest.approx(0.189 * by_hand)
+    assert cross_kernel.contention < cross_time.contention * 46 / 360 * 1.1  # bandwidths, latency apart
+    assert cross_kernel.exposed - cross_kernel.contention == pytest.approx(cross_time.exposed - cross_time.contention)
