@@ -251,6 +251,8 @@ def column(name: str, plan: Plan, prof: ClusterProfile, row: PublishedRow | None
         ".FSDP reduce-scatter issued": dp.reduce_scatter + dp.tail_reduce_scatter,
         ".DP all-reduce issued": dp.all_reduce + dp.tail_all_reduce,
         ".FSDP/DP hidden under compute": dp.hidden,
+        ".FSDP/DP issued beside compute": dp.total,  # the first gather and the last reduction apart
+        ".FSDP/DP at the node rate": dp.at_node_rate,  # their kernels' work (forms.py kernel_work)
         ".FSDP/DP contention": dp.contention,  # the compute slowed beside what hides (comm_compute_slowdown)
         ".PP p2p per transfer": est.pipeline.get("p2p_s", 0.0),
     })
