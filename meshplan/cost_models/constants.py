@@ -221,9 +221,9 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "and memory traffic): 0.189, the mean slowdown of overlapped compute against compute alone "
                     "that Lee et al. measured for GPT and Llama training on 4 A100, H100, MI250 and MI210 GPUs "
                     "(arXiv 2507.03114, 2025: 18.9 % on average, 40.0 % at most); the step pays it times the "
-                    "hidden time, or under forms.py's kernel_work alternative times the hidden share of the "
-                    "collectives at the node level's rate, the rate those single-node runs measured it at "
-                    "(estimate.contended). Sourced, not fitted"),
+                    "hidden share of the collectives timed at the node level's rate, the rate 4-GPU runs measure "
+                    "it at (forms.py kernel_work, chosen by nested cross-validation; estimate.contended), or "
+                    "under the hidden_time alternative times the hidden time itself. Sourced, not fitted"),
     ProfileConstant("overheads.cp_overlap", *_overhead("cp_overlap"), 0.0,
                     "share of ring attention's exposed K/V exchange (timing.cp_exposed: Transformer Engine's P2P "
                     "ring hides each step's exchange under a step of attention, PyTorch's runs in line) hidden "

@@ -390,8 +390,9 @@ class DataParallelComm:
     buckets (Megatron-Core): the gathers under the first micro-batch's forward, the reductions under the
     last one's backward. none: nothing hides. The first gather and the last reduction (the tails) have no
     compute beside them. What hides is not free: while a collective's kernels share the GPU with the
-    compute, the compute runs slower (contention: overheads.comm_compute_slowdown x the hidden time, or
-    under forms.py's kernel_work alternative x the hidden share of the collectives at the node level's rate).
+    compute, the compute runs slower (contention: overheads.comm_compute_slowdown x the hidden share of the
+    collectives timed at the node level's rate, their kernels' work; under forms.py's hidden_time
+    alternative x the hidden time itself).
     Under forms.py's pooled alternative, FSDP's collectives instead pool against overheads.fsdp_overlap of
     the critical rank's work over the step, with no contention (the form shipped until 2026-11-27)."""
 
