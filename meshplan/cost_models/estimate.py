@@ -494,9 +494,12 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
     c = DataParallelComm(mechanism=lay.dp_overlap)
 
     def issued(times: int, op: str, payload: float, span: GroupSpan, calls: int) -> float:
-        """`times` rounds of a collective over its group; at_node_rate gathers them at the node level's rate."""
-        c.at_node_rate += times * collective_time(prof, op, payload, GroupSpan(span.size, span.size), calls)
-        return times * collective_time(prof, op, payload, span, calls)
+        """`times` rounds of a collective over its group; at_node_rate gathers them at the node level's rate
+        (the same time where the group sits on one node)."""
+        took = times * collective_time(prof, op, payload, span, calls)
+        on_node = GroupSpan(span.size, span.size)
+        c.at_node_rate += took if span.nodes <= 1 else times * collective_time(prof, op, payload, on_node, calls)
+        return took
 
     units = sp.layers + 1  # FSDP groups one collective per block, plus the root (embedding, norm, head)
     if lay.fsdp_shard > 1:
