@@ -29,11 +29,12 @@ class Forms:
     # windows form only), overheads.comm_compute_slowdown times:
     # hidden_time: the time the collective hides, at whatever rate its links run;
     # kernel_work: the same share of the collective at the node level's rate, the rate Lee et al.'s 4-GPU
-    # runs measured the slowdown at (a node's worth of GPUs; the abstract does not name the links). The kernels' SM and HBM work is the bytes they reduce and copy,
-    # which a slower network spreads over a longer time without adding to it (NCCL's maintainers put the
-    # slowdown beside its kernels down to HBM traffic, NVIDIA/nccl#1428 and #1433, and NCCL gives a
-    # slower platform fewer SMs, #689). Chosen by nested cross-validation in 13 of 14 folds and on every
-    # table (benchmarks/results/validate_nested-contention.txt, 4a51f11); hidden_time shipped before.
+    # runs measured the slowdown at (a node's worth of GPUs; the abstract does not name the links). The
+    # kernels' SM and HBM work is the bytes they reduce and copy, which a slower network spreads over a
+    # longer time without adding to it (NCCL's maintainers put the slowdown beside its kernels down to
+    # HBM traffic, NVIDIA/nccl#1428 and #1433, and NCCL gives a slower platform fewer SMs, #689). Chosen
+    # by nested cross-validation in 13 of 14 folds and on every table
+    # (benchmarks/results/validate_nested-contention.txt, 4a51f11); hidden_time shipped before.
     contention: str = "kernel_work"
 
 
