@@ -80,8 +80,9 @@ def matmul_time(device: Device, m: float, n: float, k: float, dtype: str) -> flo
 
 
 def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float = 128.0,
-                     backward: bool = False) -> float:
-    """Fused causal attention throughput at this sequence length and head size, forward or backward.
+                     backward: bool = False, window: float | None = None) -> float:
+    """Fused causal attention throughput at this sequence length and head size, forward or backward;
+    with a sliding `window` shorter than the sequence, at that window's rate.
 
     Measured points of the compute dtype win, interpolated in log2(seq_len) and then in log2(head_dim)
     (their `bwd_tflops` for the backward, where measured): attention kernels do not follow the
@@ -89,31 +90,48 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
     fp32, while bf16 GEMMs run twice as fast), and a small head does less work per byte (head_dim 16
     runs at about half the FLOP rate of 64 on a CPU). Without points, max_fraction of the dtype's
     peak, and the backward at `backward_ratio` of the forward.
+
+    A windowed layer runs each query tile against the few key tiles of its window, however long the
+    sequence: cuDNN's GB200 benchmark ran a 128-key window at 153-167 TFLOP/s forward from 2k to 16k
+    tokens, against 1097-1708 for full causal attention. Points carrying a `window` price windowed
+    layers alone, interpolated in log2(window); without them a window runs at the rate of the causal
+    attention whose queries see as many keys on average, that of length 2 x window.
     """
     dtype = compute_dtype(dtype, device)
     att = device.attention
     key = "bwd_tflops" if backward else "tflops"
+    windowed = window is not None and window < seq_len
     points = [p for p in att.points if p.get("dtype", dtype) == dtype and key in p]
+    if windowed and any("window" in p for p in points):
+        return device.sustained_fraction * _by_head(
+            [p for p in points if "window" in p], "window", key, window, head_dim)
+    length = min(seq_len, 2.0 * window) if windowed else seq_len
+    points = [p for p in points if "window" not in p]
     if points:
-        by_head: dict[float, list[dict]] = {}
-        for p in points:
-            by_head.setdefault(float(p.get("head_dim", head_dim)), []).append(p)
-        heads = sorted(by_head)
-        rates = [_along_seq(by_head[h], key, seq_len) for h in heads]
-        rate = float(np.interp(math.log2(max(head_dim, 1.0)), np.log2(heads), rates))
-        return device.sustained_fraction * rate
+        return device.sustained_fraction * _by_head(points, "seq_len", key, length, head_dim)
     if backward:
-        return att.backward_ratio * attention_tflops(device, seq_len, dtype, head_dim)
+        return att.backward_ratio * attention_tflops(device, length, dtype, head_dim)
     peak = device.peak_tflops[dtype]
-    return device.sustained_fraction * peak * att.max_fraction * seq_len / (seq_len + att.half_seq)
+    return device.sustained_fraction * peak * att.max_fraction * length / (length + att.half_seq)
 
 
-def _along_seq(points: list[dict], key: str, seq_len: float) -> float:
-    """Linear in log2(seq_len) between measured lengths, held flat beyond them."""
-    xs = np.log2([p["seq_len"] for p in points])
+def _by_head(points: list[dict], along: str, key: str, at: float, head_dim: float) -> float:
+    """The measured rate at `at` along `along` (seq_len or window) for each measured head width, then
+    linear in log2(head_dim) between them, held flat beyond."""
+    by_head: dict[float, list[dict]] = {}
+    for p in points:
+        by_head.setdefault(float(p.get("head_dim", head_dim)), []).append(p)
+    heads = sorted(by_head)
+    rates = [_along(by_head[h], along, key, at) for h in heads]
+    return float(np.interp(math.log2(max(head_dim, 1.0)), np.log2(heads), rates))
+
+
+def _along(points: list[dict], along: str, key: str, at: float) -> float:
+    """Linear in log2 of `along` between measured values, held flat beyond them."""
+    xs = np.log2([p[along] for p in points])
     ys = np.array([p[key] for p in points])
     order = np.argsort(xs)
-    return float(np.interp(math.log2(max(seq_len, 1.0)), xs[order], ys[order]))
+    return float(np.interp(math.log2(max(at, 1.0)), xs[order], ys[order]))
 
 
 def memory_bound_time(device: Device, nbytes: float) -> float:

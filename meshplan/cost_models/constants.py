@@ -27,6 +27,10 @@ IBM_FMS = "IBM fms-fsdp Llama 2 (A100, H100)"
 MEGATRON_BRIDGE_MOE = "Megatron-Bridge MoE"
 MOE_TABLES = tuple(f"{MEGATRON_BRIDGE_MOE}: {m}" for m in ("DeepSeek-V3", "GPT-OSS-120B", "Qwen3-30B-A3B",
                                                             "Qwen3-235B-A22B"))
+# Tables whose rows run a kernel no profile prices from a measurement: GPT-OSS's attention with learnable sinks
+# (softmax_type "learnable" in Megatron-Bridge's GPT-OSS bridge). Rate constants leave them out under
+# forms.py rate_rows "measured_kernels".
+UNMEASURED_KERNEL_TABLES = (f"{MEGATRON_BRIDGE_MOE}: GPT-OSS-120B",)
 
 
 def const(value: float, physical: float, source: str, fitted_on: tuple[str, ...] = ()) -> float:
@@ -130,12 +134,16 @@ class ProfileConstant:
     objective: str = "mse"
     # (form, alternative) of forms.py under which the constant is fitted; None: under every form
     form: tuple[str, str] | None = None
+    # A device rate: fitted only on rows whose kernels are all measured where forms.py rate_rows says so
+    rate: bool = False
 
     @property
     def fitted_on(self) -> dict[str, tuple[str, ...]]:
         """The tables it is fitted on under the forms in force (none where its form is not)."""
         if self.form is not None and getattr(forms.FORMS, self.form[0]) != self.form[1]:
             return {}
+        if self.rate and forms.FORMS.rate_rows == "measured_kernels":
+            return {k: tuple(t for t in v if t not in UNMEASURED_KERNEL_TABLES) for k, v in self.fits.items()}
         return self.fits
 
 
@@ -143,6 +151,7 @@ EVERY_GPU = "every GPU profile"
 # One value for several profiles of the same part, fitted on their rows together: profile names joined by "+".
 # The H100 SXM at 700 W (DGX; MosaicML's and IBM's rows) and at the 500 W cap (TorchTitan's Grand Teton).
 H100_CLASS = "h100-96g-gt+h100-80g-dgx"
+BLACKWELL_CLASS = "b200-180g-dgx+gb200-186g-nvl72"
 
 
 def fitted_profiles(key: str) -> tuple[str, ...] | None:
@@ -173,10 +182,13 @@ def _matmul(name: str):
 PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("device.sustained_fraction", *_device("sustained_fraction"), 1.0,
                     "share of the best-case tensor-core rate (MAMF, FA2 benchmark) that training sustains",
-                    {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), H100_CLASS: TORCHTITAN + (LLMFOUNDRY, IBM_FMS)},
-                    (0.5, 1.0)),
+                    {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), H100_CLASS: TORCHTITAN + (LLMFOUNDRY, IBM_FMS),
+                     BLACKWELL_CLASS: MOE_TABLES},
+                    (0.5, 1.0), rate=True),
     # The H100 SXM at 700 W (h100-80g-dgx) and at the 500 W cap (h100-96g-gt) share one value: fitted on each
-    # part alone they agree (data/validation/sustained_fraction.csv); the H200 and Blackwell parts carry the A100's.
+    # part alone they agree (data/validation/sustained_fraction.csv). The B200 and the GB200 (one chip, 1000 W
+    # and 1200 W) share one too, fitted on the Blackwell MoE rows against cuDNN's measured attention and MAMF's
+    # matmuls; the H200 carries the A100's.
     ProfileConstant("device.matmul.half_dim", *_matmul("half_dim"), 0.0,
                     "dimension at which a matmul reaches half its shape-free rate, per dimension (m/(m+h) x "
                     "n/(n+h) x k/(k+h)), used where a profile has no measured points; profile-cluster fits it "

@@ -36,11 +36,19 @@ class Forms:
     # by nested cross-validation in 13 of 14 folds and on every table
     # (benchmarks/results/validate_nested-contention.txt, 4a51f11); hidden_time shipped before.
     contention: str = "kernel_work"
+    # Which rows a device's sustained rate (device.sustained_fraction, a rate constant) is fitted on:
+    # all: every row of its tables;
+    # measured_kernels: only rows whose every kernel the profile prices from a measurement. GPT-OSS's
+    # attention runs with learnable sinks, which no profile has measured (cuDNN's GB200 benchmark ran its
+    # sliding window without them), so its rows would lend their unpriced kernel time to every kernel of
+    # the device (constants.UNMEASURED_KERNEL_TABLES).
+    rate_rows: str = "measured_kernels"
 
 
 FORMS = Forms()
 ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "dp_overlap": ("windows", "pooled"),
-                                            "contention": ("hidden_time", "kernel_work")}
+                                            "contention": ("hidden_time", "kernel_work"),
+                                            "rate_rows": ("all", "measured_kernels")}
 
 
 @contextmanager

@@ -1,5 +1,5 @@
 """The H100 profiles' attention is FlashAttention-2's published H100 speed (PyTorch's SDPA kernel in 2024); the
-H200's is cuDNN's, as PyTorch 2.11's SDPA ran it on a lent H200."""
+H200's is cuDNN's, as PyTorch 2.11's SDPA ran it on a lent H200; the Blackwell parts' is cuDNN's GB200 benchmark."""
 
 import pytest
 
@@ -53,3 +53,51 @@ def test_h200_attention_gives_back_the_rates_measured_in_its_step():
     for seq, fa2 in FA2_CAUSAL_FWD.items():
         assert attention_tflops(dev, seq, "bf16") / attention_tflops(dev, 4096, "bf16") == pytest.approx(
             fa2 / 319, rel=0.002)
+
+
+def _cudnn_gb200_rows() -> list[dict]:
+    import csv
+    from pathlib import Path
+
+    import meshplan.data.published as published
+    return list(csv.DictReader(open(Path(published.__file__).parent / "attention_cudnn_sdpa_gb200.csv")))
+
+
+def test_gb200_attention_is_cudnns_measured_benchmark():
+    """Each GB200 point is a row of cuDNN's SDPA benchmark: this project's FLOPs over the printed time. Causal,
+    2 x batch x heads x s x s/2 x (qk + vo width) forward and 2.5x that backward; a window's keys for the
+    sliding-window row. The printed TFLOP/s agree forward, and backward where qk = vo: for MLA's 192/128 the
+    benchmark counts the backward's five matmuls by their own widths (three over qk, two over vo)."""
+    dev = load_profile("gb200-186g-nvl72").device
+    points = {(p["seq_len"], p["head_dim"], p.get("window")): (p["tflops"], p["bwd_tflops"]) for p in dev.attention.points}
+    rows = _cudnn_gb200_rows()
+    assert len(points) == len(rows) == 11
+    for r in rows:
+        b, s, h, qk, vo = (int(r[k]) for k in ("batch", "seq_len", "q_heads", "head_dim_qk", "head_dim_vo"))
+        w = int(r["window"]) if r["window"] else None
+        keys = (w * (w + 1) / 2 + (s - w) * w) / s if w else s / 2
+        per_width = 2 * b * h * s * keys
+        fwd_ms, bwd_ms = float(r["fwd_ms"]), float(r["bwd_ms"])
+        assert per_width * (qk + vo) / fwd_ms / 1e9 == pytest.approx(float(r["fwd_tflops"]), rel=0.01)
+        assert per_width * (3 * qk + 2 * vo) / bwd_ms / 1e9 == pytest.approx(float(r["bwd_tflops"]), rel=0.01)
+        assert points[(s, qk, w)] == pytest.approx((per_width * (qk + vo) / fwd_ms / 1e9,
+                                                    2.5 * per_width * (qk + vo) / bwd_ms / 1e9), abs=0.06)
+
+
+def test_a_window_runs_at_its_window_rate_not_the_sequence_rate():
+    gb = load_profile("gb200-186g-nvl72").device
+    sf = gb.sustained_fraction
+    # GPT-OSS's 128-token window at head 64: the measured window point, whatever the length
+    for seq in (2048, 4096, 8192):
+        assert attention_tflops(gb, seq, "bf16", 64, window=128) == pytest.approx(sf * 161, rel=0.01)
+        assert attention_tflops(gb, seq, "bf16", 64, backward=True, window=128) == pytest.approx(sf * 182, rel=0.01)
+    # a window as long as the sequence is full attention; full layers ignore window points
+    assert attention_tflops(gb, 4096, "bf16", 128, window=4096) == pytest.approx(sf * 1408, rel=0.01)
+    # a profile without window points runs a window at the causal rate of length 2 x window (keys per query)
+    h100 = load_profile("h100-80g-dgx").device
+    assert attention_tflops(h100, 8192, "bf16", window=512) == pytest.approx(h100.sustained_fraction * 260)
+    # the B200 is the GB200's chip at 1000 W: its points scaled by the two MAMF bf16 rates
+    b2 = load_profile("b200-180g-dgx").device
+    scale = (b2.matmul.max_fraction["bf16"] * b2.peak_tflops["bf16"]) / (gb.matmul.max_fraction["bf16"] * gb.peak_tflops["bf16"])
+    for p, q in zip(gb.attention.points, b2.attention.points):
+        assert q["tflops"] == pytest.approx(scale * p["tflops"], abs=0.06)
