@@ -160,6 +160,6 @@ USED_ELSEWHERE = {
     "korthikanti2022_table3_model_configs.csv": "the 22B configuration of Table 4's rows",
     "nvidia_model_flops_per_sample.csv": "FLOP counts, reproduced by tests/foundation",
     "moe_model_configs.csv": "MoE architectures: the built-in MoE models (specs/registry.py)",
-    "attention_cudnn_sdpa_gb200.csv": "cuDNN's GB200 attention benchmark: the Blackwell profiles' attention points "
-                                      "(tests/profiles/test_builtin_attention.py)",
+    "attention_cudnn_sdpa.csv": "cuDNN's attention benchmark: the Blackwell profiles' attention points and the "
+                                "H200's shape over lengths (tests/profiles/test_builtin_attention.py)",
 }

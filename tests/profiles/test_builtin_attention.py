@@ -10,6 +10,16 @@ from meshplan.profiles.registry import load_profile
 FA2_CAUSAL_FWD = {512: 191, 1024: 260, 2048: 298, 4096: 319, 8192: 333, 16384: 335}
 
 
+def _cudnn_rows(gpu: str) -> list[dict]:
+    """cuDNN's SDPA training benchmark rows of one GPU (data/published/attention_cudnn_sdpa.csv)."""
+    import csv
+    from pathlib import Path
+
+    import meshplan.data.published as published
+    with open(Path(published.__file__).parent / "attention_cudnn_sdpa.csv") as f:
+        return [r for r in csv.DictReader(f) if r["gpu"] == gpu]
+
+
 @pytest.mark.parametrize("name", ["h100-80g-dgx", "h100-96g-gt"])
 def test_profiles_hold_fa2_at_its_published_speed(name):
     """The attention points are the paper's figures; training runs them at the profile's sustained
@@ -49,18 +59,17 @@ def test_h200_attention_gives_back_the_rates_measured_in_its_step():
     assert flops / 0.690e-3 / 1e12 == pytest.approx(attention_tflops(dev, 4096, "bf16"), rel=0.002)
     assert 2.5 * flops / 2.360e-3 / 1e12 == pytest.approx(attention_tflops(dev, 4096, "bf16", backward=True),
                                                          rel=0.002)
-    # other lengths: FlashAttention-2's shape, scaled
-    for seq, fa2 in FA2_CAUSAL_FWD.items():
+    # other lengths from 2k: cuDNN's H200 benchmark's shape, scaled to the step's 4096 point; below, FA2's from 2k
+    h200 = {int(r["seq_len"]): (float(r["fwd_tflops"]), float(r["bwd_tflops"])) for r in _cudnn_rows("H200")}
+    assert sorted(h200) == [2048, 4096, 8192, 16384, 32768]
+    for seq, (fwd, bwd) in h200.items():
         assert attention_tflops(dev, seq, "bf16") / attention_tflops(dev, 4096, "bf16") == pytest.approx(
-            fa2 / 319, rel=0.002)
-
-
-def _cudnn_gb200_rows() -> list[dict]:
-    import csv
-    from pathlib import Path
-
-    import meshplan.data.published as published
-    return list(csv.DictReader(open(Path(published.__file__).parent / "attention_cudnn_sdpa_gb200.csv")))
+            fwd / h200[4096][0], rel=0.002)
+        assert attention_tflops(dev, seq, "bf16", backward=True) / attention_tflops(
+            dev, 4096, "bf16", backward=True) == pytest.approx(bwd / h200[4096][1], rel=0.002)
+    for seq in (512, 1024):
+        assert attention_tflops(dev, seq, "bf16") / attention_tflops(dev, 2048, "bf16") == pytest.approx(
+            FA2_CAUSAL_FWD[seq] / FA2_CAUSAL_FWD[2048], rel=0.002)
 
 
 def test_gb200_attention_is_cudnns_measured_benchmark():
@@ -70,7 +79,7 @@ def test_gb200_attention_is_cudnns_measured_benchmark():
     benchmark counts the backward's five matmuls by their own widths (three over qk, two over vo)."""
     dev = load_profile("gb200-186g-nvl72").device
     points = {(p["seq_len"], p["head_dim"], p.get("window")): (p["tflops"], p["bwd_tflops"]) for p in dev.attention.points}
-    rows = _cudnn_gb200_rows()
+    rows = _cudnn_rows("GB200")
     assert len(points) == len(rows) == 11
     for r in rows:
         b, s, h, qk, vo = (int(r[k]) for k in ("batch", "seq_len", "q_heads", "head_dim_qk", "head_dim_vo"))
