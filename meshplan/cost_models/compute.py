@@ -80,7 +80,7 @@ def matmul_time(device: Device, m: float, n: float, k: float, dtype: str) -> flo
 
 
 def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float = 128.0,
-                     backward: bool = False, window: float | None = None) -> float:
+                     backward: bool = False, window: float | None = None, kernel: str | None = None) -> float:
     """Fused causal attention throughput at this sequence length and head size, forward or backward;
     with a sliding `window` shorter than the sequence, at that window's rate.
 
@@ -96,12 +96,17 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
     tokens, against 1097-1708 for full causal attention. Points carrying a `window` price windowed
     layers alone, interpolated in log2(window); without them a window runs at the rate of the causal
     attention whose queries see as many keys on average, that of length 2 x window.
+
+    Points without a `kernel` are the kernel PyTorch's SDPA runs on the part; `kernel` picks the points
+    tagged with it where the profile has them (cuDNN's, for Transformer Engine on an H100), else those.
     """
     dtype = compute_dtype(dtype, device)
     att = device.attention
     key = "bwd_tflops" if backward else "tflops"
     windowed = window is not None and window < seq_len
     points = [p for p in att.points if p.get("dtype", dtype) == dtype and key in p]
+    tagged = [p for p in points if kernel is not None and p.get("kernel") == kernel]
+    points = tagged or [p for p in points if "kernel" not in p]
     if windowed and any("window" in p for p in points):
         return device.sustained_fraction * _by_head(
             [p for p in points if "window" in p], "window", key, window, head_dim)
@@ -110,7 +115,7 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
     if points:
         return device.sustained_fraction * _by_head(points, "seq_len", key, length, head_dim)
     if backward:
-        return att.backward_ratio * attention_tflops(device, length, dtype, head_dim)
+        return att.backward_ratio * attention_tflops(device, length, dtype, head_dim, kernel=kernel)
     peak = device.peak_tflops[dtype]
     return device.sustained_fraction * peak * att.max_fraction * length / (length + att.half_seq)
 

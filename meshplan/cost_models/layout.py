@@ -41,8 +41,10 @@ class Layout:
     float8: bool
     reshard_after_forward: bool
     compile: bool
-    # flash (FlashAttention-2 or a kernel the profile measures, default everywhere) | triton (FlashAttention in
-    # Triton, MosaicML's MPT runs: constants.MODEL.triton_attention_*) | eager (materialised scores, Megatron 2021)
+    # flash (FlashAttention-2 or a kernel the profile measures, default everywhere) | cudnn (cuDNN's fused
+    # attention, Transformer Engine's choice on Hopper and newer: the profile's `kernel: cudnn` points where it
+    # has them) | triton (FlashAttention in Triton, MosaicML's MPT runs: constants.MODEL.triton_attention_*) |
+    # eager (materialised scores, Megatron 2021)
     attention_kernel: str = "flash"
     # pytorch (eager ops, fused by torch.compile when `compile`) | megatron (Megatron-LM's fused LayerNorm,
     # bias-GeLU and bias-dropout-add kernels)

@@ -30,10 +30,16 @@ class Stack:
     moe_host_sync: bool = False  # Layout.moe_host_sync: a host sync in every MoE layer, experts eager
     cp_ring_overlap: bool = False  # Layout.cp_ring_overlap: each ring step's K/V exchange under a step's attention
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap: SP's collectives chunk by chunk under their GEMMs
+    attention_kernel: str = "flash"  # Layout.attention_kernel
 
 
 STACKS: dict[str, Stack] = {
-    MESHPLAN: Stack(None, True, "every_microbatch", ("meshplan's runtime (docs/runtime.md)",)),
+    MESHPLAN: Stack(None, True, "every_microbatch",
+                    ("meshplan's runtime (docs/runtime.md)",
+                     "PyTorch's SDPA runs cuDNN's fused attention on Hopper and newer: PyTorch 2.11 on a lent H200 ran "
+                     "aten::_cudnn_attention_forward and _backward (benchmarks/results/"
+                     "ops-llama3.2-3b-planner_1-NVIDIA_H200-9816110.txt)"),
+                    attention_kernel="cudnn"),
     TORCHTITAN: Stack(
         TORCHTITAN_OP_POLICY, True, "every_microbatch",
         ("selective AC 'op': save SDPA's output and every other matmul's (torchtitan apply_ac, _save_list)",
@@ -42,7 +48,10 @@ STACKS: dict[str, Stack] = {
          "FSDP2 prefetches the next block's all-gather in forward and backward and reduce-scatters each block's "
          "gradients as its backward ends (torch.distributed.fsdp fully_shard), as meshplan's runtime",
          "AdamW with torch.optim's foreach implementation (torchtitan OptimizersContainer, implementation "
-         "'foreach' by default) and torch.nn.utils.clip_grad_norm_, as meshplan's runtime")),
+         "'foreach' by default) and torch.nn.utils.clip_grad_norm_, as meshplan's runtime",
+         "SDPA's FlashAttention-2 on Hopper, as its published runs ran it: on H100 SDPA dispatched "
+         "FLASH_ATTENTION as of 2025-04 (torchtitan#1042), and TorchTitan pins cuDNN's attention on B200 only "
+         "(torchtitan#1209); the part's default points elsewhere")),
     MEGATRON_CORE: Stack(
         ("qkv", "attn_out", "ffn_in", "ffn_out"), False, "last_microbatch",
         ("selective recompute of the core attention alone (TransformerConfig.recompute_modules default "
@@ -71,9 +80,12 @@ STACKS: dict[str, Stack] = {
          "which overlaps each step's attention with the next step's K/V exchange",
          "tensor-parallel communication overlapped as the performance recipes run it (tp_comm_overlap with "
          "sequence parallelism: Transformer Engine's userbuffers split each all-gather and reduce-scatter into "
-         "tp chunks exchanged under the GEMM chunks they feed or drain, te.module.base initialize_ub)"),
+         "tp chunks exchanged under the GEMM chunks they feed or drain, te.module.base initialize_ub)",
+         "cuDNN's fused attention on Hopper and newer: Transformer Engine's DotProductAttention drops "
+         "FlashAttention 'to give FusedAttention preference on Hopper+ for performance reasons' "
+         "(dot_product_attention/utils.py get_attention_backend); FlashAttention-2 on Ampere"),
         elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False, optimizer_foreach=False,
-        moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True),
+        moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True, attention_kernel="cudnn"),
 }
 
 
