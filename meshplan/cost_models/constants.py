@@ -181,7 +181,7 @@ def _matmul(name: str):
 
 PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("device.sustained_fraction", *_device("sustained_fraction"), 1.0,
-                    "share of the best-case tensor-core rate (MAMF, FA2 benchmark) that training sustains",
+                    "share of the best-case tensor-core rate (MAMF's matmuls, the attention benchmarks) that training sustains",
                     {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), H100_CLASS: TORCHTITAN + (LLMFOUNDRY, IBM_FMS),
                      BLACKWELL_CLASS: MOE_TABLES},
                     (0.5, 1.0), rate=True),

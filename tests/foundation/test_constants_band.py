@@ -132,3 +132,26 @@ def test_every_gpu_profile_ships_the_sustained_fraction_its_record_gives():
     for name in gpus:
         assert load_profile(name).device.sustained_fraction == pytest.approx(record[name]), name
         assert record[name] < 1.0
+
+
+def test_the_blackwell_rate_leaves_out_rows_of_unmeasured_kernels_only_under_that_form():
+    """forms.py rate_rows: the B200/GB200 sustained fraction is fitted on the MoE tables, less GPT-OSS's (its
+    sink attention has no measured rate) under measured_kernels, all four under all; the other parts' fits,
+    on tables with no unmeasured kernel, are the same under both."""
+    from meshplan.cost_models import forms
+
+    rate = constants.profile_constant("device.sustained_fraction")
+    gpt_oss = f"{constants.MEGATRON_BRIDGE_MOE}: GPT-OSS-120B"
+    with forms.forms(rate_rows="all"):
+        every = rate.fitted_on
+    with forms.forms(rate_rows="measured_kernels"):
+        measured = rate.fitted_on
+    assert every[constants.BLACKWELL_CLASS] == constants.MOE_TABLES
+    assert measured[constants.BLACKWELL_CLASS] == tuple(t for t in constants.MOE_TABLES if t != gpt_oss)
+    assert len(measured[constants.BLACKWELL_CLASS]) == 3
+    for key in every:
+        if key != constants.BLACKWELL_CLASS:
+            assert every[key] == measured[key]
+    # a constant that is not a device rate keeps GPT-OSS's rows under either form
+    host = constants.profile_constant("overheads.moe_expert_host_s")
+    assert gpt_oss in host.fitted_on[constants.EVERY_GPU]
