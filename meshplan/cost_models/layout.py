@@ -41,11 +41,12 @@ class Layout:
     float8: bool
     reshard_after_forward: bool
     compile: bool
-    # flash (FlashAttention-2 or a kernel the profile measures, default everywhere) | cudnn (cuDNN's fused
-    # attention, Transformer Engine's choice on Hopper and newer: the profile's `kernel: cudnn` points where it
-    # has them) | triton (FlashAttention in Triton, MosaicML's MPT runs: constants.MODEL.triton_attention_*) |
-    # eager (materialised scores, Megatron 2021)
-    attention_kernel: str = "flash"
+    # cudnn (cuDNN's fused attention, what meshplan's runtime runs through SDPA and Transformer Engine's choice
+    # on Hopper and newer: the profile's `kernel: cudnn` points where it has them, else its untagged ones) |
+    # flash (FlashAttention-2, or the kernel the profile's untagged points measure: TorchTitan's published runs,
+    # stacks.py) | triton (FlashAttention in Triton, MosaicML's MPT runs: constants.MODEL.triton_attention_*) |
+    # eager (materialised scores, Megatron 2021). The default is meshplan's runtime's, as every default here.
+    attention_kernel: str = "cudnn"
     # pytorch (eager ops, fused by torch.compile when `compile`) | megatron (Megatron-LM's fused LayerNorm,
     # bias-GeLU and bias-dropout-add kernels)
     elementwise_kernels: str = "pytorch"

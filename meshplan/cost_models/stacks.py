@@ -30,7 +30,7 @@ class Stack:
     moe_host_sync: bool = False  # Layout.moe_host_sync: a host sync in every MoE layer, experts eager
     cp_ring_overlap: bool = False  # Layout.cp_ring_overlap: each ring step's K/V exchange under a step's attention
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap: SP's collectives chunk by chunk under their GEMMs
-    attention_kernel: str = "flash"  # Layout.attention_kernel
+    attention_kernel: str = "cudnn"  # Layout.attention_kernel
 
 
 STACKS: dict[str, Stack] = {
@@ -38,8 +38,7 @@ STACKS: dict[str, Stack] = {
                     ("meshplan's runtime (docs/runtime.md)",
                      "PyTorch's SDPA runs cuDNN's fused attention on Hopper and newer: PyTorch 2.11 on a lent H200 ran "
                      "aten::_cudnn_attention_forward and _backward (benchmarks/results/"
-                     "ops-llama3.2-3b-planner_1-NVIDIA_H200-9816110.txt)"),
-                    attention_kernel="cudnn"),
+                     "ops-llama3.2-3b-planner_1-NVIDIA_H200-9816110.txt)")),
     TORCHTITAN: Stack(
         TORCHTITAN_OP_POLICY, True, "every_microbatch",
         ("selective AC 'op': save SDPA's output and every other matmul's (torchtitan apply_ac, _save_list)",
@@ -51,7 +50,8 @@ STACKS: dict[str, Stack] = {
          "'foreach' by default) and torch.nn.utils.clip_grad_norm_, as meshplan's runtime",
          "SDPA's FlashAttention-2 on Hopper, as its published runs ran it: on H100 SDPA dispatched "
          "FLASH_ATTENTION as of 2025-04 (torchtitan#1042), and TorchTitan pins cuDNN's attention on B200 only "
-         "(torchtitan#1209); the part's default points elsewhere")),
+         "(torchtitan#1209); the part's default points elsewhere"),
+        attention_kernel="flash"),
     MEGATRON_CORE: Stack(
         ("qkv", "attn_out", "ffn_in", "ffn_out"), False, "last_microbatch",
         ("selective recompute of the core attention alone (TransformerConfig.recompute_modules default "

@@ -12,12 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshplan.cost_models.layout import Layout, default_imbalance, even_split, runtime_paths
-from meshplan.cost_models.stacks import stack_changes
 from meshplan.planner.placement import distinct_orders
 from meshplan.planner.space import SAC_ILP, Mesh, Space
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import SAC_OPS
-from meshplan.specs.rules import MESHPLAN
 
 
 @dataclass(order=True)
@@ -66,8 +64,8 @@ class Enumeration:
                 async_tp=max(s.async_options(m.tp)), pp=m.pp, schedule="1F1B", v=1,
                 stage_layers=even_split(self.spec.n_layers, m.pp), cp=m.cp, ac="none", sac_ops=None, float8=False,
                 reshard_after_forward=True, compile=max(s.compile_options()), ep=m.ep,
-                moe_imbalance=default_imbalance(self.spec)).with_(**stack_changes(MESHPLAN, "none", None)),
-                self.prof)  # the search plans meshplan's own runtime (layout.layout_of does the same for a plan)
+                moe_imbalance=default_imbalance(self.spec)),
+                self.prof)  # Layout's defaults are meshplan's own runtime, which the search plans
         return proto.with_(micro_batch=mb, sp=sp and m.tp > 1, ac=ac, sac_ops=sac if isinstance(sac, tuple) else None,
                            float8=f8, reshard_after_forward=reshard)
 

@@ -175,3 +175,19 @@ def test_each_stack_runs_its_attention_kernel_on_hopper_by_hand():
     lay = runtime_paths(layout_of(on("megatron-core", cluster="a100-80g-dgx")), a100)
     assert block_compute(lay, a100).attention_forward == pytest.approx(
         block_compute(lay.with_(attention_kernel="flash"), a100).attention_forward)
+
+
+def test_layout_defaults_are_meshplans_runtime():
+    """The search and every hand-built Layout price meshplan's own runtime without applying a stack, so the
+    MESHPLAN stack may set no Layout field to anything but its default; the other stacks differ somewhere."""
+    from dataclasses import MISSING, fields
+
+    from meshplan.cost_models.layout import Layout
+    from meshplan.cost_models.stacks import stack_changes
+
+    defaults = {f.name: f.default for f in fields(Layout) if f.default is not MISSING}
+    ours = stack_changes("meshplan", "none", None)
+    assert ours and set(ours) <= set(defaults)
+    assert {k: v for k, v in ours.items() if defaults[k] != v} == {}
+    for other in ("torchtitan", "megatron-core"):
+        assert {k for k, v in stack_changes(other, "none", None).items() if defaults[k] != v}

@@ -19,14 +19,13 @@ from typing import Any, Iterator
 
 from meshplan.cost_models.estimate import estimate_layout, group_spans, stage_durations
 from meshplan.cost_models.layout import Layout, even_split, runtime_paths
-from meshplan.cost_models.stacks import stack_changes
 from meshplan.fields import AUTO
 from meshplan.commands.plan import build_plan_mapping
 from meshplan.planner.placement import candidate_orders
 from meshplan.planner.stage_split import balanced_split
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import PP_SCHEDULES, SAC_OPS, Plan, plan_from_dict
-from meshplan.specs.rules import (MESHPLAN, ac_schedule_reason, async_tp_reason, compile_reason, float8_compile_reason,
+from meshplan.specs.rules import (ac_schedule_reason, async_tp_reason, compile_reason, float8_compile_reason,
                                   microbatch_reason, profile_backend, uses_fully_shard)
 
 SINGLE = ("GPipe", "1F1B")
@@ -141,8 +140,8 @@ def enumerate_space(plan: Plan, prof, global_batch: int, all_sac_subsets: bool =
         probe = runtime_paths(Layout(spec=spec, gpus=plan.gpus, seq_len=seq, global_batch=global_batch, micro_batch=1, dtype=dtype,
                        dp_replicate=dr, dp_shard=ds, tp=tp, sp=False, async_tp=False, pp=pp, schedule="1F1B", v=1,
                        stage_layers=even_split(spec.n_layers, pp), cp=cp, ac="none", sac_ops=None, float8=False,
-                       reshard_after_forward=True, compile=False).with_(**stack_changes(MESHPLAN, "none", None)),
-                              prof)  # meshplan's own runtime, as the search plans it
+                       reshard_after_forward=True, compile=False),
+                              prof)  # Layout's defaults: meshplan's own runtime, as the search plans it
         orders, seen = [], set()
         for order in candidate_orders():
             key = tuple(sorted(group_spans(probe, prof, order).items()))
