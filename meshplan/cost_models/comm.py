@@ -68,6 +68,16 @@ def _all_to_all_across_nodes(payload_bytes: float, span: GroupSpan, net_bw: floa
     return max((n - r) / n * payload_bytes / (net_bw * 1e9), (r - 1) / n * payload_bytes / (node_bw * 1e9))
 
 
+def forwarded_all_to_all_time(profile: ClusterProfile, network_bytes: float, node_bytes: float) -> float:
+    """An all-to-all sent in two stages that pipeline chunk by chunk, as DeepEP's normal internode kernels
+    run dispatch and combine: `network_bytes` through the rank's own NIC (the network's all-to-all rate per
+    device) and `node_bytes` forwarded to their ranks inside the node (the node level's), the slower stage
+    setting the time."""
+    net_bw, net_lat = profile.collectives[profile.cluster_level()]["all_to_all"].line_for(network_bytes)
+    node_bw, node_lat = profile.collectives[profile.node_level()]["all_to_all"].line_for(node_bytes)
+    return (net_lat + node_lat) * 1e-6 + max(network_bytes / (net_bw * 1e9), node_bytes / (node_bw * 1e9))
+
+
 def p2p_time(profile: ClusterProfile, payload_bytes: float, crosses_node: bool) -> float:
     """One pipeline transfer: benchmarked latency and bandwidth, plus the call's wait for its peer (host.py)."""
     level = profile.cluster_level() if crosses_node else profile.node_level()

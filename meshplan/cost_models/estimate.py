@@ -18,7 +18,7 @@ from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, STATE_BYTES, kept
                                          stage_params, weight_pass_share)
 from meshplan.cost_models.moe import ep_span, routing
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
-from meshplan.cost_models.timing import BlockTime, block_time, embedding_time, head_time
+from meshplan.cost_models.timing import BlockTime, block_time, embedding_time, head_time, mtp_extra_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
 
@@ -167,6 +167,12 @@ def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
             b.append(sum(n * bts[k].backward_input_with_comm for k, n in kinds)
                      + (head.backward if s == n_stages - 1 else 0.0) + act)
             w.append(sum(n * bts[k].backward_weight for k, n in kinds) + w_act)
+    if lay.mtp_layers:  # the MTP modules after the last block: blocks of its kind, their projections, a head each
+        last = bts[lay.spec.representative_layer(lay.spec.n_layers - 1)]
+        mf, mb, mw = mtp_extra_time(lay, prof, head)
+        f[-1] += lay.mtp_layers * last.forward_with_comm + mf
+        b[-1] += lay.mtp_layers * last.backward_input_with_comm + mb
+        w[-1] += lay.mtp_layers * last.backward_weight + mw
     p2p = 0.0
     if lay.pp > 1:
         payload = lay.tokens_per_micro * lay.hidden_bytes_per_token
@@ -301,7 +307,7 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
         makespan, busy, phases = parts.busy[0], parts.busy, ONE_RANK_PHASES
     step, crit, _, data_detail, optimizer = compose_step(lay, prof, parts, makespan)
 
-    time_s = _time_breakdown(lay, bts, head, emb, crit, busy[crit], makespan)
+    time_s = _time_breakdown(lay, prof, bts, head, emb, crit, busy[crit], makespan)
     time_s.update(data_detail)
     time_s["optimizer"] = optimizer
     # The pipeline's own host work per action sits in the critical rank's busy time, not in its compute.
@@ -357,7 +363,7 @@ def moe_summary(lay: Layout, bts: dict[int, BlockTime], crit: int) -> dict[str, 
             "routed_state_gib": sum(STATE_BYTES.values()) * sp.routed / lay.routed_fsdp_shard / GIB}
 
 
-def _time_breakdown(lay: Layout, bts: dict[int, BlockTime], head, emb, crit: int, busy: float,
+def _time_breakdown(lay: Layout, prof: ClusterProfile, bts: dict[int, BlockTime], head, emb, crit: int, busy: float,
                     makespan: float) -> dict[str, float]:
     stages = [s for s in range(lay.n_stages) if stage_rank(s, lay.pp, lay.schedule) == crit]
     kinds = stage_params(lay, crit).kinds  # the critical rank's blocks, by kind
@@ -367,6 +373,8 @@ def _time_breakdown(lay: Layout, bts: dict[int, BlockTime], head, emb, crit: int
         return m * sum(n * part(bts[k]) for k, n in kinds)
 
     extra = (emb if 0 in stages else 0.0) + (head.forward + head.backward if lay.n_stages - 1 in stages else 0.0)
+    if lay.n_stages - 1 in stages:  # the MTP modules' blocks are among `kinds` (memory.stage_params)
+        extra += sum(mtp_extra_time(lay, prof, head))
     out = {
         "compute": blocks(lambda bt: bt.forward + bt.backward_input + bt.backward_weight) + m * extra,
         "recompute": blocks(lambda bt: bt.recompute),

@@ -90,6 +90,18 @@ class Layout:
     # (Megatron-Core's overlap_moe_expert_parallel_comm, opt-in; meshplan's runtime and TorchTitan issue
     # them in line): timing.ep_exposed prices what is left.
     ep_overlap: bool = False
+    # How dispatch and combine cross nodes (moe.ep_comm_forward): all_to_all (NCCL's all-to-all, a copy
+    # per token-expert pair: meshplan's runtime, TorchTitan, Megatron-Core's alltoall dispatcher) |
+    # node_dedup (DeepEP's normal internode kernels, Megatron-Core's flex dispatcher with the deepep
+    # backend: a token crosses the network once per destination node). Inside one NVLink domain the two
+    # cost the same.
+    ep_dispatch: str = "all_to_all"
+    # Multi-token-prediction modules the stack runs after the last block, on the last pipeline stage
+    # (DeepSeek-V3's MTP; Megatron-Core's mtp_num_layers): each a block of the last layer's kind behind a
+    # projection of the normed hidden state and the next token's embedding (2 dim -> dim), then its own
+    # pass through the output head and loss (timing.mtp_extra_time, memory.stage_params). meshplan's
+    # runtime and TorchTitan run none.
+    mtp_layers: int = 0
     # Whether the stack compiles the loss where it compiles the blocks (meshplan's runtime does, by
     # specs/rules.py loss_compiled; TorchTitan 2024 compiled the blocks alone): see loss_compiled.
     compiles_loss: bool = True

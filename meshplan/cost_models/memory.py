@@ -64,12 +64,13 @@ class RankMemory:
 def stage_params(lay: Layout, rank: int, reached: int | None = None) -> StageParams:
     """Parameters of rank `rank`'s stages; with `reached`, of only the first `reached` of them that the
     backward pass reaches (the highest stage first)."""
-    return _stage_params(lay.spec, lay.pp, lay.schedule, lay.stage_layers, lay.tp, rank, reached, lay.ep)
+    return _stage_params(lay.spec, lay.pp, lay.schedule, lay.stage_layers, lay.tp, rank, reached, lay.ep,
+                         lay.mtp_layers)
 
 
 @lru_cache(maxsize=65536)
 def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], tp: int, rank: int,
-                  reached: int | None = None, ep: int = 1) -> StageParams:
+                  reached: int | None = None, ep: int = 1, mtp: int = 0) -> StageParams:
     n_stages = len(stage_layers)
     stages = [s for s in reversed(range(n_stages)) if stage_rank(s, pp, schedule) == rank][:reached]
     layers = sum(stage_layers[s] for s in stages)
@@ -78,14 +79,20 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
     for s in stages:
         for k, n in per_stage[s]:
             counts[k] = counts.get(k, 0) + n
+    last = (n_stages - 1) in stages
+    if last and mtp:  # Layout.mtp_layers: a block of the last layer's kind each, on the last stage
+        k = spec.representative_layer(spec.n_layers - 1)
+        counts[k] = counts.get(k, 0) + mtp
+        layers += mtp
     held = {k: rank_block_params(spec, k, tp, ep) for k in counts}
     block = max((held[k][0] for k in counts), default=rank_block_params(spec, spec.n_layers - 1, tp, ep)[0])
     blocks = sum(n * held[k][0] for k, n in counts.items())
     routed = sum(n * held[k][1] for k, n in counts.items())
     first = 0 in stages
-    last = (n_stages - 1) in stages
     emb = spec.embedding_params() / tp if first else 0.0
     head = (spec.head_params() - spec.dim) / tp + spec.dim if last else 0.0
+    if last:  # each MTP module's input projection (2 dim -> dim, over TP) and its three norms
+        head += mtp * (2 * spec.dim * spec.dim / tp + 3 * spec.dim)
     if spec.tied_embeddings and last and not first:
         head += spec.vocab_size * spec.dim / tp  # the tied matrix lives on both ends
     return StageParams(layers, block, emb, head, blocks, routed, tuple(sorted(counts.items())))

@@ -15,9 +15,10 @@ How the layer runs (TorchTitan's expert parallelism, expert-TP 1; specs/rules.ep
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from meshplan.cost_models.comm import GroupSpan, collective_time
+from meshplan.cost_models.comm import GroupSpan, collective_time, forwarded_all_to_all_time
 from meshplan.cost_models.compute import grouped_matmul_time
 from meshplan.cost_models.saved_tensor import ActivationTensor
 from meshplan.profiles.schema import ClusterProfile
@@ -71,12 +72,36 @@ def dispatch_bytes(spec: ModelSpec, r: Routing, act_bytes: float) -> float:
 
 
 def ep_comm_forward(spec: ModelSpec, r: Routing, ep: int, act_bytes: float, prof: ClusterProfile,
-                    span: GroupSpan) -> float:
-    """Dispatch and combine of one forward (0 without EP). Neither overlaps compute: TorchTitan's
-    all-to-alls (without DeepEP) are synchronous in the MoE layer's forward and backward."""
+                    span: GroupSpan, dispatch: str = "all_to_all") -> float:
+    """Dispatch and combine of one forward (0 without EP), as the stack sends them (Layout.ep_dispatch):
+    all_to_all: NCCL's all-to-all, every token-expert pair to its expert's rank (collective_time);
+    node_dedup: DeepEP's normal kernels, where a token crosses the network once to each other node holding
+    one of its experts and is forwarded over the node level from there (the combine reduces inside the
+    node first, the same bytes back); on one node both are the node level's all-to-all. Whether they run
+    under compute is ep_exposed's question (timing.py)."""
     if ep == 1:
         return 0.0
-    return 2 * collective_time(prof, "all_to_all", dispatch_bytes(spec, r, act_bytes), span)
+    payload = dispatch_bytes(spec, r, act_bytes)
+    if dispatch == "node_dedup" and span.nodes > 1:
+        moe = spec.moe
+        network = payload * remote_nodes_per_token(moe.experts, moe.top_k, span.nodes) / moe.top_k
+        node = payload * (span.ranks_per_node - 1) / span.ranks_per_node
+        return 2 * forwarded_all_to_all_time(prof, network, node)
+    return 2 * collective_time(prof, "all_to_all", payload, span)
+
+
+def remote_nodes_per_token(experts: int, top_k: int, nodes: int) -> float:
+    """Nodes other than its own that a token's top-k experts lie on, on average, with the experts spread
+    evenly over the EP group's nodes and chosen uniformly (force-balanced routing): each other node holds
+    experts / nodes of them and is missed with probability C(experts - experts/nodes, k) / C(experts, k).
+    Without deduplication a token sends top_k x (nodes - 1) / nodes copies across nodes instead. Group-limited
+    routing (DeepSeek-V3's top-4 groups) gathers a token's experts onto fewer nodes, so there this is an
+    upper bound."""
+    if nodes <= 1:
+        return 0.0
+    per_node = experts // nodes
+    missed = math.comb(experts - per_node, top_k) / math.comb(experts, top_k)
+    return (nodes - 1) * (1.0 - missed)
 
 
 def ep_span(spans: dict[str, GroupSpan], ep: int, cp: int, tp: int) -> GroupSpan:

@@ -36,11 +36,15 @@ is assumed once here, and printed by `meshplan validate`:
   expert-TP 1. MXFP8 and FP8 recipes as float8 (the parts' dense fp8 peak), BF16 as bf16. Fused
   kernels (Transformer Engine, cuDNN attention) as compiled blocks; flash attention with grouped K/V.
   The recipes' partial recompute (MLA up-projections, layer norms, the MoE activation) is left out:
-  no activation checkpointing. Pipelines with virtual stages as Interleaved 1F1B, layers split
-  evenly (the recipes' hand layouts put the embedding and the head on stages of their own). No
-  multi-token-prediction layer (DeepSeek-V3): its cost is in neither the FLOPs nor the time, so the
-  printed TFLOP/s, which Megatron-Core counts the same way, barely moves. The figure is Megatron-
-  Core's model TFLOP/s per GPU (flops.model_flops_per_token with causal attention).
+  no activation checkpointing. Pipelines with virtual stages as Interleaved 1F1B; DeepSeek-V3's
+  layers per virtual stage as its recipes lay them out (DEEPSEEK_V3_LAYOUTS: the embedding with the
+  first stage's layers, the multi-token-prediction module and the loss with the last's), other models'
+  split evenly. DeepSeek-V3's MTP module runs where the row ran it (mtp_layers: a block of the last
+  layer's kind, its projection and a second head on the last stage, Layout.mtp_layers); its FLOPs are
+  not in the model's count, which the tokens/s figure does not need. DeepEP's rows send a token
+  across nodes once per destination node (DEEPEP_ROWS, Layout.ep_dispatch). The figure is tokens/s
+  per GPU where the page prints it, else Megatron-Core's model TFLOP/s per GPU
+  (flops.model_flops_per_token with causal attention).
 - MosaicML llm-foundry MPT (mosaicml_llmfoundry_mpt_throughput.csv; PyTorch FSDP1 through Composer,
   2023-24): MPT as a GPT block (LayerNorm, GELU MLP 4x, learned positions, tied embeddings; the
   page's parameter counts exactly), data parallel only: FULL_SHARD as FSDP with reshard after
@@ -219,6 +223,12 @@ EP_OVERLAP_ROWS = frozenset({
     "mb-26.04.01-gptoss120b-gb200-64g-bf16-gbs1280",  # alltoall with overlap (PR #3561)
     "mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096",  # PP8/VP2/EP32, DeepEP, A2A overlap (PR #3368)
 })
+# Rows whose recipe dispatched through DeepEP (Megatron-Core's flex dispatcher, deepep backend), same
+# file: their tokens cross nodes once per destination node (Layout.ep_dispatch). The HybridEP rows keep
+# EP inside one NVLink domain (eight B200s, or an NVL72), where deduplication changes nothing.
+DEEPEP_ROWS = frozenset({
+    "mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096",  # EP32 over four DGX B200 nodes (PR #3368)
+})
 
 
 def full_iteration_graphs(row: dict[str, str]) -> bool:
@@ -235,6 +245,45 @@ def ep_overlapped(row: dict[str, str]) -> bool:
     """Whether a Megatron-Bridge MoE row's recipe overlapped its all-to-alls (EP_OVERLAP_ROWS). Megatron-LM
     and MoE model-zoo rows: their recipes are not read, and Megatron's default is off."""
     return full_iteration_graphs(row) or row["id"] in EP_OVERLAP_ROWS
+
+
+# Megatron-Bridge's DeepSeek-V3 pipeline layouts, decoder layers per virtual stage by (pp, vp): the embedding
+# rides with the first stage's layers, the MTP modules and the loss with the last's (recipes/deepseek/
+# deepseek_v3.py, set_deepseek_v3_pipeline_model_parallel_layout, the same map from v0.2.0 to v0.6.0). Other
+# (pp, vp) pairs get no layout from the recipe and are split evenly here. Megatron-LM's GB200 notes print
+# theirs: Et|(tt|)*30L, one layer with the embedding, two a stage, the loss alone.
+DEEPSEEK_V3_LAYOUTS = {
+    (4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
+    (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,),
+}
+MEGATRON_LM_DEEPSEEK_V3_LAYOUT = (1,) + (2,) * 30 + (0,)
+
+
+def deepseek_v3_layout(row: dict[str, str], pp: int, vp: int) -> list[int] | None:
+    """The layers per virtual stage a DeepSeek-V3 row's recipe laid out, or None for an even split."""
+    if row["model"] != "DeepSeek-V3" or pp == 1:
+        return None
+    if row["id"].startswith("mlm-"):
+        return list(MEGATRON_LM_DEEPSEEK_V3_LAYOUT)
+    layout = DEEPSEEK_V3_LAYOUTS.get((pp, vp)) if row["id"].startswith("mb-") else None
+    return list(layout) if layout else None
+
+
+def mtp_layers(row: dict[str, str]) -> int:
+    """DeepSeek-V3's multi-token-prediction modules as a row ran them (Layout.mtp_layers). The 25.11 page
+    prints "w/ MTP" or "w/o MTP" (the ids' -mtp / -nomtp); later pages print neither, and the recipes set
+    mtp_num_layers 1 (recipes/deepseek/deepseek_v3.py from v0.3.0; the performance scripts do not override
+    it). Megatron-LM's GB200 notes lay out no MTP."""
+    if row["model"] != "DeepSeek-V3" or not row["id"].startswith("mb-"):
+        return 0
+    if row["id"].endswith("-nomtp"):
+        return 0
+    return 1
+
+
+def ep_dispatch(row: dict[str, str]) -> str:
+    """How a Megatron-Bridge MoE row's dispatcher crossed nodes (DEEPEP_ROWS; Layout.ep_dispatch)."""
+    return "node_dedup" if row["id"] in DEEPEP_ROWS else "all_to_all"
 
 
 def moe_blackwell_rows() -> list[PublishedRow]:
@@ -257,7 +306,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                   micro_batch=deg["micro_batch"], dtype="bf16"),
             parallel=ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
                                   async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
-                                  pp_virtual_stages=v, pp_layers=None, cp=deg["cp"], ep=deg["ep"]),
+                                  pp_virtual_stages=v, pp_layers=deepseek_v3_layout(r, deg["pp"], v), cp=deg["cp"],
+                                  ep=deg["ep"]),
             memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=fp8, reshard_after_forward=False),
             compile=True, stack=MEGATRON_CORE,
         )
@@ -269,7 +319,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
         rows.append(PublishedRow(f"{MEGATRON_BRIDGE_MOE}: {r['model']}", label, plan, metric, float(value),
                                  skipped=skipped,
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r),
-                                                   "moe_host_sync": not full_iteration_graphs(r)}))
+                                                   "moe_host_sync": not full_iteration_graphs(r),
+                                                   "ep_dispatch": ep_dispatch(r), "mtp_layers": mtp_layers(r)}))
     return rows
 
 

@@ -100,7 +100,8 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     _add_moe_host(bt, lay, prof, layer)
     if lay.spec.is_moe_layer(layer) and lay.ep > 1:
         r = _routing(lay)
-        ep_fwd = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, ep_span(spans, lay.ep, lay.cp, lay.tp))
+        ep_fwd = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, ep_span(spans, lay.ep, lay.cp, lay.tp),
+                                 lay.ep_dispatch)
         bt.ep_comm_issued = ep_fwd * (bt.forward_passes + 1)
         bt.ep_comm = ep_exposed(lay, bt.ep_comm_issued, bt.forward + bt.backward_input + bt.backward_weight
                                 + bt.recompute)
@@ -509,6 +510,19 @@ def head_time(lay: Layout, prof: ClusterProfile) -> HeadTime:
     host_f, host_b = head_host(lay)
     o = prof.overheads
     return HeadTime(fwd + host_added(lay, fwd, host_f.seconds(o)), bwd + host_added(lay, bwd, host_b.seconds(o)))
+
+
+def mtp_extra_time(lay: Layout, prof: ClusterProfile, head: HeadTime) -> tuple[float, float, float]:
+    """(forward, backward, weight-gradient) seconds one micro-batch's multi-token-prediction modules
+    (Layout.mtp_layers) add on the last stage beside their blocks, which are priced as blocks of the last
+    layer's kind: each one's input projection (2 dim -> dim, column-parallel over TP; its input and weight
+    gradients in backward) and one more pass through the output head and loss."""
+    if lay.mtp_layers == 0:
+        return 0.0, 0.0, 0.0
+    d = lay.spec.dim
+    proj = matmul_time(prof.device, lay.tokens_per_micro, d / lay.tp, 2 * d, lay.dtype) / prof.overheads.kernel_efficiency
+    n = lay.mtp_layers
+    return n * (proj + head.forward), n * (proj + head.backward), n * proj
 
 
 def embedding_time(lay: Layout, prof: ClusterProfile) -> float:

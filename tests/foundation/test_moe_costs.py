@@ -154,6 +154,65 @@ def test_all_to_all_across_nodes_goes_through_each_ranks_own_nic():
         lat * 1e-6 + 56 / 64 * payload / (bw * 1e9), rel=1e-12)
 
 
+def _remote_nodes_by_enumeration(experts: int, top_k: int, nodes: int) -> float:
+    """Every top-k choice of experts equally likely, experts e on node e // (experts / nodes): the mean
+    number of nodes other than node 0 that a token of node 0 reaches."""
+    from itertools import combinations
+
+    per_node = experts // nodes
+    counts = [len({e // per_node for e in pick} - {0}) for pick in combinations(range(experts), top_k)]
+    return sum(counts) / len(counts)
+
+
+@pytest.mark.parametrize("experts,top_k,nodes", [(8, 2, 2), (16, 4, 4), (12, 3, 3), (16, 1, 4)])
+def test_remote_nodes_per_token_against_an_enumeration(experts, top_k, nodes):
+    from meshplan.cost_models.moe import remote_nodes_per_token
+
+    assert remote_nodes_per_token(experts, top_k, nodes) == pytest.approx(
+        _remote_nodes_by_enumeration(experts, top_k, nodes), rel=1e-12)
+    # Never more than the copies an undeduplicated all-to-all sends across nodes; as many with top-1.
+    assert remote_nodes_per_token(experts, top_k, nodes) <= top_k * (nodes - 1) / nodes + 1e-12
+    assert remote_nodes_per_token(experts, 1, nodes) == pytest.approx((nodes - 1) / nodes, rel=1e-12)
+    assert remote_nodes_per_token(experts, top_k, 1) == 0.0
+
+
+def test_deepep_sends_a_token_across_the_network_once_per_destination_node():
+    """DeepSeek-V3 (256 experts, top-8), EP 32 over four 8-GPU nodes, one micro-batch of 4096 tokens: each
+    token reaches 3 x (1 - C(192, 8) / C(256, 8)) = 2.71 other nodes on average, against 8 x 24/32 = 6
+    copies through NCCL's all-to-all; the NVLink stage forwards 7/8 of the pairs. Dispatch + combine of
+    one forward, by hand from the profile's lines."""
+    from meshplan.cost_models.moe import ep_comm_forward, routing
+
+    spec = BUILTIN_MODELS["deepseek-v3"]
+    r = routing(spec, 4096, tp=1, ep=32, imbalance=1.0)
+    span = GroupSpan(32, 8)
+    pairs_bytes = 4096 * 8 * spec.dim * 2.0
+    remote = 3 * (1 - math.comb(192, 8) / math.comb(256, 8))
+    assert remote == pytest.approx(2.7107, abs=1e-4)
+    net_bw, net_lat = PROF.collectives[PROF.cluster_level()]["all_to_all"].line_for(pairs_bytes * remote / 8)
+    node_bw, node_lat = PROF.collectives[PROF.node_level()]["all_to_all"].line_for(pairs_bytes * 7 / 8)
+    one = (net_lat + node_lat) * 1e-6 + max(pairs_bytes * remote / 8 / (net_bw * 1e9),
+                                            pairs_bytes * 7 / 8 / (node_bw * 1e9))
+    dedup = ep_comm_forward(spec, r, 32, 2.0, PROF, span, "node_dedup")
+    assert dedup == pytest.approx(2 * one, rel=1e-12)
+    plain = ep_comm_forward(spec, r, 32, 2.0, PROF, span)
+    assert plain / dedup == pytest.approx(6 / remote, rel=0.02)  # network-bound: the copies' ratio, up to latencies
+    # Inside one node there is nothing to deduplicate.
+    inside = GroupSpan(8, 8)
+    r8 = routing(spec, 4096, tp=1, ep=8, imbalance=1.0)
+    assert ep_comm_forward(spec, r8, 8, 2.0, PROF, inside, "node_dedup") == ep_comm_forward(spec, r8, 8, 2.0, PROF,
+                                                                                            inside)
+
+
+def test_the_deepep_row_of_megatron_bridge_deduplicates_and_the_others_do_not():
+    """docs/sources/megatron-bridge-moe-recipes.md: DeepSeek-V3 on B200 in 26.04.01 ran DeepEP at EP 32."""
+    from meshplan.cost_models.published import moe_blackwell_rows
+
+    dedup = {r.label.rsplit("(", 1)[1].rstrip(")") for r in moe_blackwell_rows()
+             if r.layout_overrides["ep_dispatch"] == "node_dedup"}
+    assert dedup == {"mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096"}
+
+
 def test_dense_first_layers_are_priced_apart():
     spec = BUILTIN_MODELS["tiny-moe"]  # 4 layers, the first dense
     assert stage_block_kinds(spec, (2, 2)) == (((0, 1), (1, 1)), ((1, 2),))
@@ -166,6 +225,60 @@ def test_dense_first_layers_are_priced_apart():
     # The first stage: one dense block, one MoE block and the embedding; the last: two MoE blocks and the head.
     act = d.forward[0] - (bts[0].forward_with_comm + bts[1].forward_with_comm + emb)
     assert d.forward[1] == pytest.approx(2 * bts[1].forward_with_comm + head.forward + act, rel=1e-12)
+
+
+def test_an_mtp_module_runs_on_the_last_stage_as_a_last_block_a_projection_and_a_head():
+    """tiny-moe (4 layers, the last MoE, dim 64) on 2 stages with one MTP module (Layout.mtp_layers): the last
+    stage gains a block of the last layer's kind, the module's projection of 2 x 64 -> 64 (its forward, and
+    its input and weight gradients) and a second head; the first stage nothing. Memory: one more MoE
+    block's parameters and the projection's 2 x 64 x 64 weights and three 64-wide norms on the last rank."""
+    from meshplan.cost_models.compute import matmul_time
+    from meshplan.cost_models.estimate import estimate_layout
+    from meshplan.cost_models.memory import stage_params
+
+    spec = BUILTIN_MODELS["tiny-moe"]
+    base = _layout(spec=spec, stage_layers=(2, 2), pp=2, gpus=8, dp_shard=4, global_batch=8)
+    mtp = base.with_(mtp_layers=1)
+    spans = group_spans(base, PROF)
+    bts = block_times(base, PROF, spans)
+    head, emb = head_time(base, PROF), embedding_time(base, PROF)
+    d0, d1 = (stage_durations(lay, PROF, spans, bts, head, emb) for lay in (base, mtp))
+    last = bts[1]  # layer 3's kind: an MoE block, represented by layer 1
+    proj = matmul_time(PROF.device, base.tokens_per_micro, 64, 128, "bf16")
+    assert d1.forward[0] == d0.forward[0] and d1.backward[0] == d0.backward[0] and d1.weight[0] == d0.weight[0]
+    assert d1.forward[1] - d0.forward[1] == pytest.approx(last.forward_with_comm + proj + head.forward, rel=1e-12)
+    assert d1.backward[1] - d0.backward[1] == pytest.approx(last.backward_input_with_comm + proj + head.backward,
+                                                            rel=1e-12)
+    assert d1.weight[1] - d0.weight[1] == pytest.approx(last.backward_weight + proj, rel=1e-12)
+    p0, p1 = stage_params(base, 1), stage_params(mtp, 1)
+    moe_block = stage_params(base.with_(stage_layers=(3, 1)), 1).blocks  # the last stage holding one MoE block
+    assert p1.blocks - p0.blocks == pytest.approx(moe_block, rel=1e-12)
+    assert p1.head - p0.head == 2 * 64 * 64 + 3 * 64
+    assert stage_params(mtp, 0) == stage_params(base, 0)
+    # The step's breakdown still adds up to the step, the module's time in it.
+    est0, est1 = estimate_layout(base, PROF), estimate_layout(mtp, PROF)
+    assert sum(est1.time_s.values()) == pytest.approx(est1.step_time_s, rel=1e-9)
+    assert est1.step_time_s > est0.step_time_s
+
+
+def test_megatron_bridge_lays_out_deepseek_v3_as_its_recipes_do():
+    """recipes/deepseek/deepseek_v3.py's map: the embedding with the first stage's layers, the MTP module and
+    the loss with the last's; 61 layers in all. The 25.11 page prints w/ or w/o MTP; from 26.02 the recipes'
+    mtp_num_layers 1 ran. Megatron-LM's notes print Et|(tt|)*30L."""
+    from meshplan.cost_models.published import moe_blackwell_rows
+
+    rows = {r.label.rsplit("(", 1)[1].rstrip(")"): r for r in moe_blackwell_rows() if "DeepSeek-V3" in r.label}
+    layers = lambda i: rows[i].plan.parallel.pp_layers
+    assert layers("mb-26.08-dsv3-gb200-256g-mxfp8-gbs4096") == [4] * 15 + [1]  # PP4 VP4
+    assert layers("mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096") == [4] * 15 + [1]  # PP8 VP2
+    assert layers("mb-26.04-dsv3-b200-256g-mxfp8-gbs4096") == [4] * 15 + [1]  # PP16
+    assert layers("mb-25.11-dsv3-gb200-256g-fp8-mx-gbs4096-nomtp") is None  # PP8 VP4: not in the map
+    assert layers("mlm-dsv3-gb200-256g-mxfp8-final") == [1] + [2] * 30 + [0]
+    assert all(sum(layers(i)) == 61 for i in rows if layers(i))
+    mtp = {i for i, r in rows.items() if r.layout_overrides["mtp_layers"] == 1}
+    assert "mb-25.11-dsv3-b200-256g-fp8-mx-gbs2048-mtp" in mtp and "mb-26.08-dsv3-gb200-256g-mxfp8-gbs4096" in mtp
+    assert not {i for i in mtp if i.endswith("-nomtp") or i.startswith("mlm-")}
+    assert all(r.layout_overrides["mtp_layers"] == 0 for r in moe_blackwell_rows() if "DeepSeek-V3" not in r.label)
 
 
 def test_state_memory_in_gib_matches_the_estimate():
