@@ -19,7 +19,8 @@ def _layout(cp: int, **kw) -> Layout:
     base = dict(spec=resolve_model("llama3-8b"), gpus=8, seq_len=32768 * cp, global_batch=8 // cp, micro_batch=1,
                 dtype="bf16", dp_replicate=1, dp_shard=8 // cp, tp=1, sp=False, async_tp=False, pp=1,
                 schedule="1F1B", v=1, stage_layers=(32,), cp=cp, ac="full", sac_ops=None, float8=False,
-                reshard_after_forward=True, compile=True)
+                reshard_after_forward=True, compile=True,
+                attention_kernel="flash")  # the profile's untagged points, one rate and backward_ratio below
     base.update(kw)
     return Layout(**base)
 
