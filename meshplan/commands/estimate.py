@@ -53,7 +53,8 @@ def _print_breakdown(plan: Plan, est: Estimate) -> None:
           f"{f' {p.pp_schedule} v={p.pp_virtual_stages}' if p.pp > 1 else ''}")
     print(f"batch: seq {t.seq_len}, global {t.global_batch}, micro {t.micro_batch}, "
           f"{est.pipeline['microbatches']} micro-batches per step; AC {m.activation_checkpointing}, "
-          f"float8 {m.float8}, compile {plan.compile}")
+          f"float8 {m.float8}, compile {plan.compile}"
+          f"{f'; {t.mtp_layers} MTP module(s) on the last stage' if t.mtp_layers else ''}")
     if plan.stack != MESHPLAN:
         print(f"stack: {plan.stack}, priced as that stack runs the layout ({'; '.join(STACKS[plan.stack].sources)})")
     print(f"\nstep time      {est.step_time_s:10.4f} s")

@@ -99,8 +99,8 @@ class Layout:
     # Multi-token-prediction modules the stack runs after the last block, on the last pipeline stage
     # (DeepSeek-V3's MTP; Megatron-Core's mtp_num_layers): each a block of the last layer's kind behind a
     # projection of the normed hidden state and the next token's embedding (2 dim -> dim), then its own
-    # pass through the output head and loss (timing.mtp_extra_time, memory.stage_params). meshplan's
-    # runtime and TorchTitan run none.
+    # pass through the output head and loss (timing.mtp_extra_time, memory.stage_params). The plan's
+    # training.mtp_layers; meshplan's runtime and TorchTitan run none (specs/rules.py mtp_reason).
     mtp_layers: int = 0
     # Whether the stack compiles the loss where it compiles the blocks (meshplan's runtime does, by
     # specs/rules.py loss_compiled; TorchTitan 2024 compiled the blocks alone): see loss_compiled.
@@ -255,6 +255,6 @@ def layout_of(plan: Plan) -> Layout:
         pp=pp, schedule=p.pp_schedule if pp > 1 else "1F1B", v=v, stage_layers=layers, cp=p.cp,
         ac=m.activation_checkpointing, sac_ops=sac_ops,
         float8=bool(m.float8), reshard_after_forward=bool(m.reshard_after_forward), compile=bool(plan.compile),
-        ep=int(p.ep), moe_imbalance=default_imbalance(plan.model),
+        ep=int(p.ep), moe_imbalance=default_imbalance(plan.model), mtp_layers=int(t.mtp_layers),
     )
     return lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops))

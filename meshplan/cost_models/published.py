@@ -39,8 +39,8 @@ is assumed once here, and printed by `meshplan validate`:
   no activation checkpointing. Pipelines with virtual stages as Interleaved 1F1B; DeepSeek-V3's
   layers per virtual stage as its recipes lay them out (DEEPSEEK_V3_LAYOUTS: the embedding with the
   first stage's layers, the multi-token-prediction module and the loss with the last's), other models'
-  split evenly. DeepSeek-V3's MTP module runs where the row ran it (mtp_layers: a block of the last
-  layer's kind, its projection and a second head on the last stage, Layout.mtp_layers); its FLOPs are
+  split evenly. DeepSeek-V3's MTP module runs where the row ran it (the plan's training.mtp_layers: a
+  block of the last layer's kind, its projection and a second head on the last stage); its FLOPs are
   not in the model's count, which the tokens/s figure does not need. DeepEP's rows send a token
   across nodes once per destination node (DEEPEP_ROWS, Layout.ep_dispatch). The figure is tokens/s
   per GPU where the page prints it, else Megatron-Core's model TFLOP/s per GPU
@@ -270,10 +270,10 @@ def deepseek_v3_layout(row: dict[str, str], pp: int, vp: int) -> list[int] | Non
 
 
 def mtp_layers(row: dict[str, str]) -> int:
-    """DeepSeek-V3's multi-token-prediction modules as a row ran them (Layout.mtp_layers). The 25.11 page
-    prints "w/ MTP" or "w/o MTP" (the ids' -mtp / -nomtp); later pages print neither, and the recipes set
-    mtp_num_layers 1 (recipes/deepseek/deepseek_v3.py from v0.3.0; the performance scripts do not override
-    it). Megatron-LM's GB200 notes lay out no MTP."""
+    """DeepSeek-V3's multi-token-prediction modules as a row ran them (the plan's training.mtp_layers). The
+    25.11 page prints "w/ MTP" or "w/o MTP" (the ids' -mtp / -nomtp); later pages print neither, and the
+    recipes set mtp_num_layers 1 (recipes/deepseek/deepseek_v3.py from v0.3.0; the performance scripts do
+    not override it). Megatron-LM's GB200 notes lay out no MTP."""
     if row["model"] != "DeepSeek-V3" or not row["id"].startswith("mb-"):
         return 0
     if row["id"].endswith("-nomtp"):
@@ -303,7 +303,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
         plan = Plan(
             model=resolve_model(MOE_MODELS[r["model"]]), cluster=MOE_PROFILES[r["gpu"]], gpus=deg["gpus"],
             training=TrainingSpec(seq_len=deg["seq_len"], global_batch=deg["global_batch"],
-                                  micro_batch=deg["micro_batch"], dtype="bf16"),
+                                  micro_batch=deg["micro_batch"], dtype="bf16", mtp_layers=mtp_layers(r)),
             parallel=ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
                                   async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
                                   pp_virtual_stages=v, pp_layers=deepseek_v3_layout(r, deg["pp"], v), cp=deg["cp"],
@@ -320,7 +320,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                  skipped=skipped,
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r),
                                                    "moe_host_sync": not full_iteration_graphs(r),
-                                                   "ep_dispatch": ep_dispatch(r), "mtp_layers": mtp_layers(r)}))
+                                                   "ep_dispatch": ep_dispatch(r)}))
     return rows
 
 

@@ -11,7 +11,7 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import MESHPLAN, STACKS, check_runtime_rules, ep_reason
+from meshplan.specs.rules import MESHPLAN, STACKS, check_runtime_rules, ep_reason, mtp_reason
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -37,6 +37,9 @@ class TrainingSpec:
     global_batch: Any = AUTO
     micro_batch: Any = AUTO
     dtype: Any = "bf16"
+    # Multi-token-prediction modules trained after the last block (DeepSeek-V3's MTP; Megatron-Core's
+    # mtp_num_layers): rules.mtp_reason says which stacks run them. Written only when not 0.
+    mtp_layers: Any = 0
 
 
 @dataclass
@@ -102,7 +105,7 @@ class Plan:
             "model": model,
             "cluster": self.cluster,
             "gpus": self.gpus,
-            "training": asdict(self.training),
+            "training": self._training_dict(),
             "parallel": self._parallel_dict(),
             "memory": asdict(self.memory),
             "compile": self.compile,
@@ -115,6 +118,12 @@ class Plan:
             out["stack"] = self.stack  # a plan for meshplan's runtime reads as before `stack` existed
         if estimate is not None:
             out["estimate"] = estimate
+        return out
+
+    def _training_dict(self) -> dict[str, Any]:
+        out = asdict(self.training)
+        if out["mtp_layers"] == 0:
+            del out["mtp_layers"]  # a plan without MTP reads as before training.mtp_layers existed
         return out
 
     def _parallel_dict(self) -> dict[str, Any]:
@@ -180,6 +189,7 @@ def _parse_training(raw: Any) -> TrainingSpec:
         global_batch=as_int(raw.get("global_batch", d.global_batch), "training.global_batch", 1, allow_auto=True),
         micro_batch=as_int(raw.get("micro_batch", d.micro_batch), "training.micro_batch", 1, allow_auto=True),
         dtype=as_choice(raw.get("dtype", d.dtype), "training.dtype", DTYPES, allow_auto=True),
+        mtp_layers=as_int(raw.get("mtp_layers", d.mtp_layers), "training.mtp_layers", 0),
     )
 
 
@@ -245,6 +255,9 @@ def _known(*values: Any) -> bool:
 def check_consistency(plan: Plan) -> None:
     """Cross-field rules; fields still 'auto' are checked once filled."""
     m, t, p, mem = plan.model, plan.training, plan.parallel, plan.memory
+    why = mtp_reason(plan.stack, t.mtp_layers)
+    if why:
+        raise InputError("training.mtp_layers", why)
     if _known(p.tp):
         if m.n_heads % p.tp or m.n_kv_heads % p.tp:
             raise InputError("parallel.tp", f"must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads}), got {p.tp}")

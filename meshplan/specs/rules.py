@@ -373,6 +373,19 @@ def stack_reason(stack: str, command: str) -> str | None:
             f"`meshplan estimate` prices a complete plan (no 'auto' field) on {stack}")
 
 
+# Stacks that train multi-token-prediction modules (training.mtp_layers): Megatron-Core's mtp_num_layers.
+# meshplan's runtime builds none, and neither does TorchTitan's DeepSeek-V3.
+MTP_STACKS = (MEGATRON_CORE,)
+
+
+def mtp_reason(stack: str, mtp_layers: int) -> str | None:
+    """Why a plan cannot train `mtp_layers` multi-token-prediction modules on `stack`, or None."""
+    if mtp_layers == 0 or stack in MTP_STACKS:
+        return None
+    return (f"must be 0 on stack {stack}, which trains no multi-token-prediction modules, got {mtp_layers}; "
+            f"stack {MEGATRON_CORE} runs them (mtp_num_layers)")
+
+
 def tied_embeddings_reason(tied: bool, tp: int, pp: int) -> str | None:
     """Why a model with tied embeddings cannot run in this layout, or None: the runtime ties the
     output projection to tok_embeddings.weight, which TP's vocab sharding and a pipeline cut split."""

@@ -275,10 +275,10 @@ def test_megatron_bridge_lays_out_deepseek_v3_as_its_recipes_do():
     assert layers("mb-25.11-dsv3-gb200-256g-fp8-mx-gbs4096-nomtp") is None  # PP8 VP4: not in the map
     assert layers("mlm-dsv3-gb200-256g-mxfp8-final") == [1] + [2] * 30 + [0]
     assert all(sum(layers(i)) == 61 for i in rows if layers(i))
-    mtp = {i for i, r in rows.items() if r.layout_overrides["mtp_layers"] == 1}
+    mtp = {i for i, r in rows.items() if r.plan.training.mtp_layers == 1}
     assert "mb-25.11-dsv3-b200-256g-fp8-mx-gbs2048-mtp" in mtp and "mb-26.08-dsv3-gb200-256g-mxfp8-gbs4096" in mtp
     assert not {i for i in mtp if i.endswith("-nomtp") or i.startswith("mlm-")}
-    assert all(r.layout_overrides["mtp_layers"] == 0 for r in moe_blackwell_rows() if "DeepSeek-V3" not in r.label)
+    assert all(r.plan.training.mtp_layers == 0 for r in moe_blackwell_rows() if "DeepSeek-V3" not in r.label)
 
 
 def test_state_memory_in_gib_matches_the_estimate():

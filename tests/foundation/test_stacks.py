@@ -191,3 +191,22 @@ def test_layout_defaults_are_meshplans_runtime():
     assert {k: v for k, v in ours.items() if defaults[k] != v} == {}
     for other in ("torchtitan", "megatron-core"):
         assert {k for k, v in stack_changes(other, "none", None).items() if defaults[k] != v}
+
+
+def test_mtp_modules_are_a_megatron_core_plans_and_refused_elsewhere_in_one_line():
+    """training.mtp_layers: written only when set, priced on megatron-core (a block of the last layer's kind,
+    a projection and a second head on the last stage), refused on the stacks that train none."""
+    mc = on("megatron-core", training={**RAW["training"], "mtp_layers": 1})
+    assert mc.to_dict()["training"]["mtp_layers"] == 1
+    assert "mtp_layers" not in on("megatron-core").to_dict()["training"]  # a plan without MTP reads as before
+    assert plan_from_dict(mc.to_dict()).training.mtp_layers == 1
+    assert layout_of(mc).mtp_layers == 1
+    assert estimate_plan(mc, PROFILE).step_time_s > estimate_plan(on("megatron-core"), PROFILE).step_time_s
+    for stack in ("meshplan", "torchtitan"):
+        with pytest.raises(InputError) as err:
+            on(stack, training={**RAW["training"], "mtp_layers": 1})
+        assert str(err.value).startswith(f"training.mtp_layers: must be 0 on stack {stack}")
+        assert "\n" not in str(err.value)
+    with pytest.raises(InputError) as err:
+        on("megatron-core", training={**RAW["training"], "mtp_layers": -1})
+    assert str(err.value).startswith("training.mtp_layers")
