@@ -229,7 +229,7 @@ def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     # An MoE block sees dp_shard only through its EP group's span (moe.ep_span), which is what the key holds.
     group = ep_span(spans, lay.ep, lay.cp, lay.tp) if lay.ep > 1 else None
     overlapped = lay.ep_overlap and lay.n_micro >= 2  # timing.ep_exposed
-    return key + (lay.ep, lay.moe_imbalance, group, overlapped, lay.moe_host_sync)
+    return key + (lay.ep, lay.moe_imbalance, group, overlapped, lay.moe_host_sync, lay.ep_dispatch)
 
 
 @dataclass

@@ -92,9 +92,9 @@ class Layout:
     ep_overlap: bool = False
     # How dispatch and combine cross nodes (moe.ep_comm_forward): all_to_all (NCCL's all-to-all, a copy
     # per token-expert pair: meshplan's runtime, TorchTitan, Megatron-Core's alltoall dispatcher) |
-    # node_dedup (DeepEP's normal internode kernels, Megatron-Core's flex dispatcher with the deepep
+    # deepep (DeepEP's normal internode kernels, Megatron-Core's flex dispatcher with the deepep
     # backend: a token crosses the network once per destination node). Inside one NVLink domain the two
-    # cost the same.
+    # cost the same. The plan's parallel.ep_dispatch (specs/rules.py ep_dispatch_reason).
     ep_dispatch: str = "all_to_all"
     # Multi-token-prediction modules the stack runs after the last block, on the last pipeline stage
     # (DeepSeek-V3's MTP; Megatron-Core's mtp_num_layers): each a block of the last layer's kind behind a
@@ -256,5 +256,6 @@ def layout_of(plan: Plan) -> Layout:
         ac=m.activation_checkpointing, sac_ops=sac_ops,
         float8=bool(m.float8), reshard_after_forward=bool(m.reshard_after_forward), compile=bool(plan.compile),
         ep=int(p.ep), moe_imbalance=default_imbalance(plan.model), mtp_layers=int(t.mtp_layers),
+        ep_dispatch=p.ep_dispatch,
     )
     return lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops))

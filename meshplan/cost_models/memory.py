@@ -93,8 +93,10 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
     head = (spec.head_params() - spec.dim) / tp + spec.dim if last else 0.0
     if last:  # each MTP module's input projection (2 dim -> dim, over TP) and its three norms
         head += mtp * (2 * spec.dim * spec.dim / tp + 3 * spec.dim)
-    if spec.tied_embeddings and last and not first:
-        head += spec.vocab_size * spec.dim / tp  # the tied matrix lives on both ends
+    if (spec.tied_embeddings or mtp) and last and not first:
+        # The tied matrix lives on both ends; so does the embedding the MTP modules look the next tokens up in
+        # (Megatron-Core's GPTModel builds it where pre_process or mtp_process).
+        head += spec.vocab_size * spec.dim / tp
     return StageParams(layers, block, emb, head, blocks, routed, tuple(sorted(counts.items())))
 
 

@@ -75,14 +75,14 @@ def ep_comm_forward(spec: ModelSpec, r: Routing, ep: int, act_bytes: float, prof
                     span: GroupSpan, dispatch: str = "all_to_all") -> float:
     """Dispatch and combine of one forward (0 without EP), as the stack sends them (Layout.ep_dispatch):
     all_to_all: NCCL's all-to-all, every token-expert pair to its expert's rank (collective_time);
-    node_dedup: DeepEP's normal kernels, where a token crosses the network once to each other node holding
+    deepep: DeepEP's normal kernels, where a token crosses the network once to each other node holding
     one of its experts and is forwarded over the node level from there (the combine reduces inside the
     node first, the same bytes back); on one node both are the node level's all-to-all. Whether they run
     under compute is ep_exposed's question (timing.py)."""
     if ep == 1:
         return 0.0
     payload = dispatch_bytes(spec, r, act_bytes)
-    if dispatch == "node_dedup" and span.nodes > 1:
+    if dispatch == "deepep" and span.nodes > 1:
         moe = spec.moe
         network = payload * remote_nodes_per_token(moe.experts, moe.top_k, span.nodes) / moe.top_k
         node = payload * (span.ranks_per_node - 1) / span.ranks_per_node

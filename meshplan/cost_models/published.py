@@ -42,8 +42,8 @@ is assumed once here, and printed by `meshplan validate`:
   split evenly. DeepSeek-V3's MTP module runs where the row ran it (the plan's training.mtp_layers: a
   block of the last layer's kind, its projection and a second head on the last stage); its FLOPs are
   not in the model's count, which the tokens/s figure does not need. DeepEP's rows send a token
-  across nodes once per destination node (DEEPEP_ROWS, Layout.ep_dispatch). The figure is tokens/s
-  per GPU where the page prints it, else Megatron-Core's model TFLOP/s per GPU
+  across nodes once per destination node (DEEPEP_ROWS, the plan's parallel.ep_dispatch). The figure
+  is tokens/s per GPU where the page prints it, else Megatron-Core's model TFLOP/s per GPU
   (flops.model_flops_per_token with causal attention).
 - MosaicML llm-foundry MPT (mosaicml_llmfoundry_mpt_throughput.csv; PyTorch FSDP1 through Composer,
   2023-24): MPT as a GPT block (LayerNorm, GELU MLP 4x, learned positions, tied embeddings; the
@@ -224,8 +224,8 @@ EP_OVERLAP_ROWS = frozenset({
     "mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096",  # PP8/VP2/EP32, DeepEP, A2A overlap (PR #3368)
 })
 # Rows whose recipe dispatched through DeepEP (Megatron-Core's flex dispatcher, deepep backend), same
-# file: their tokens cross nodes once per destination node (Layout.ep_dispatch). The HybridEP rows keep
-# EP inside one NVLink domain (eight B200s, or an NVL72), where deduplication changes nothing.
+# file: their tokens cross nodes once per destination node (the plan's parallel.ep_dispatch). The
+# HybridEP rows keep EP inside one NVLink domain (eight B200s, or an NVL72), where that changes nothing.
 DEEPEP_ROWS = frozenset({
     "mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096",  # EP32 over four DGX B200 nodes (PR #3368)
 })
@@ -282,8 +282,8 @@ def mtp_layers(row: dict[str, str]) -> int:
 
 
 def ep_dispatch(row: dict[str, str]) -> str:
-    """How a Megatron-Bridge MoE row's dispatcher crossed nodes (DEEPEP_ROWS; Layout.ep_dispatch)."""
-    return "node_dedup" if row["id"] in DEEPEP_ROWS else "all_to_all"
+    """How a Megatron-Bridge MoE row's dispatcher crossed nodes (DEEPEP_ROWS; parallel.ep_dispatch)."""
+    return "deepep" if row["id"] in DEEPEP_ROWS else "all_to_all"
 
 
 def moe_blackwell_rows() -> list[PublishedRow]:
@@ -307,7 +307,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
             parallel=ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
                                   async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
                                   pp_virtual_stages=v, pp_layers=deepseek_v3_layout(r, deg["pp"], v), cp=deg["cp"],
-                                  ep=deg["ep"]),
+                                  ep=deg["ep"], ep_dispatch=ep_dispatch(r)),
             memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=fp8, reshard_after_forward=False),
             compile=True, stack=MEGATRON_CORE,
         )
@@ -319,8 +319,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
         rows.append(PublishedRow(f"{MEGATRON_BRIDGE_MOE}: {r['model']}", label, plan, metric, float(value),
                                  skipped=skipped,
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r),
-                                                   "moe_host_sync": not full_iteration_graphs(r),
-                                                   "ep_dispatch": ep_dispatch(r)}))
+                                                   "moe_host_sync": not full_iteration_graphs(r)}))
     return rows
 
 

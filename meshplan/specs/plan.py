@@ -11,7 +11,8 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import MESHPLAN, STACKS, check_runtime_rules, ep_reason, mtp_reason
+from meshplan.specs.rules import (EP_DISPATCHERS, MESHPLAN, STACKS, check_runtime_rules, ep_dispatch_reason,
+                                  ep_reason, mtp_reason)
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -57,6 +58,9 @@ class ParallelSpec:
     # Expert parallelism: routed experts split over `ep` ranks folded into dp_shard x cp x tp
     # (specs/rules.ep_reason). 1 (no EP) for dense models; a plan file that omits it means 1.
     ep: Any = 1
+    # How dispatch and combine cross nodes: all_to_all | deepep (rules.ep_dispatch_reason). Written only
+    # when deepep.
+    ep_dispatch: Any = "all_to_all"
 
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
@@ -130,6 +134,8 @@ class Plan:
         out = asdict(self.parallel)
         if not self.model.is_moe and out["ep"] in (1, AUTO):
             del out["ep"]  # a dense plan reads as before parallel.ep existed
+        if out["ep_dispatch"] == "all_to_all":
+            del out["ep_dispatch"]  # as does a plan of NCCL all-to-alls before parallel.ep_dispatch
         return out
 
     def copy(self, **changes: Any) -> "Plan":
@@ -209,6 +215,7 @@ def _parse_parallel(raw: Any) -> ParallelSpec:
         async_tp=as_bool(raw.get("async_tp", d.async_tp), "parallel.async_tp", True),
         pp_schedule=as_choice(raw.get("pp_schedule", d.pp_schedule), "parallel.pp_schedule", PP_SCHEDULES, True),
         pp_layers=pp_layers,
+        ep_dispatch=as_choice(raw.get("ep_dispatch", d.ep_dispatch), "parallel.ep_dispatch", EP_DISPATCHERS),
         **ints,
     )
 
@@ -258,6 +265,10 @@ def check_consistency(plan: Plan) -> None:
     why = mtp_reason(plan.stack, t.mtp_layers)
     if why:
         raise InputError("training.mtp_layers", why)
+    if _known(p.ep):
+        why = ep_dispatch_reason(plan.stack, p.ep_dispatch, p.ep)
+        if why:
+            raise InputError("parallel.ep_dispatch", why)
     if _known(p.tp):
         if m.n_heads % p.tp or m.n_kv_heads % p.tp:
             raise InputError("parallel.tp", f"must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads}), got {p.tp}")

@@ -373,6 +373,25 @@ def stack_reason(stack: str, command: str) -> str | None:
             f"`meshplan estimate` prices a complete plan (no 'auto' field) on {stack}")
 
 
+# How a plan's MoE dispatch and combine cross nodes (parallel.ep_dispatch; Layout.ep_dispatch): NCCL's
+# all-to-all, or DeepEP's normal kernels, which Megatron-Core's flex dispatcher runs (its deepep backend);
+# meshplan's runtime and TorchTitan's plans here send all-to-alls.
+EP_DISPATCHERS = ("all_to_all", "deepep")
+DEEPEP_STACKS = (MEGATRON_CORE,)
+
+
+def ep_dispatch_reason(stack: str, dispatch: str, ep: int) -> str | None:
+    """Why a plan cannot dispatch its tokens with `dispatch`, or None."""
+    if dispatch == "all_to_all":
+        return None
+    if stack not in DEEPEP_STACKS:
+        return (f"must be all_to_all on stack {stack}, which sends NCCL all-to-alls, got {dispatch}; "
+                f"stack {MEGATRON_CORE} runs DeepEP (moe_token_dispatcher_type flex, backend deepep)")
+    if ep == 1:
+        return f"{dispatch} applies only with ep > 1, which dispatches tokens to their experts' ranks, got ep 1"
+    return None
+
+
 # Stacks that train multi-token-prediction modules (training.mtp_layers): Megatron-Core's mtp_num_layers.
 # meshplan's runtime builds none, and neither does TorchTitan's DeepSeek-V3.
 MTP_STACKS = (MEGATRON_CORE,)

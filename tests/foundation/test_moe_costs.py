@@ -193,14 +193,14 @@ def test_deepep_sends_a_token_across_the_network_once_per_destination_node():
     node_bw, node_lat = PROF.collectives[PROF.node_level()]["all_to_all"].line_for(pairs_bytes * 7 / 8)
     one = (net_lat + node_lat) * 1e-6 + max(pairs_bytes * remote / 8 / (net_bw * 1e9),
                                             pairs_bytes * 7 / 8 / (node_bw * 1e9))
-    dedup = ep_comm_forward(spec, r, 32, 2.0, PROF, span, "node_dedup")
+    dedup = ep_comm_forward(spec, r, 32, 2.0, PROF, span, "deepep")
     assert dedup == pytest.approx(2 * one, rel=1e-12)
     plain = ep_comm_forward(spec, r, 32, 2.0, PROF, span)
     assert plain / dedup == pytest.approx(6 / remote, rel=0.02)  # network-bound: the copies' ratio, up to latencies
     # Inside one node there is nothing to deduplicate.
     inside = GroupSpan(8, 8)
     r8 = routing(spec, 4096, tp=1, ep=8, imbalance=1.0)
-    assert ep_comm_forward(spec, r8, 8, 2.0, PROF, inside, "node_dedup") == ep_comm_forward(spec, r8, 8, 2.0, PROF,
+    assert ep_comm_forward(spec, r8, 8, 2.0, PROF, inside, "deepep") == ep_comm_forward(spec, r8, 8, 2.0, PROF,
                                                                                             inside)
 
 
@@ -209,7 +209,7 @@ def test_the_deepep_row_of_megatron_bridge_deduplicates_and_the_others_do_not():
     from meshplan.cost_models.published import moe_blackwell_rows
 
     dedup = {r.label.rsplit("(", 1)[1].rstrip(")") for r in moe_blackwell_rows()
-             if r.layout_overrides["ep_dispatch"] == "node_dedup"}
+             if r.plan.parallel.ep_dispatch == "deepep"}
     assert dedup == {"mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096"}
 
 
@@ -231,7 +231,8 @@ def test_an_mtp_module_runs_on_the_last_stage_as_a_last_block_a_projection_and_a
     """tiny-moe (4 layers, the last MoE, dim 64) on 2 stages with one MTP module (Layout.mtp_layers): the last
     stage gains a block of the last layer's kind, the module's projection of 2 x 64 -> 64 (its forward, and
     its input and weight gradients) and a second head; the first stage nothing. Memory: one more MoE
-    block's parameters and the projection's 2 x 64 x 64 weights and three 64-wide norms on the last rank."""
+    block's parameters, the projection's 2 x 64 x 64 weights, three 64-wide norms and a copy of the
+    embedding (vocab x 64) on the last rank."""
     from meshplan.cost_models.compute import matmul_time
     from meshplan.cost_models.estimate import estimate_layout
     from meshplan.cost_models.memory import stage_params
@@ -253,7 +254,8 @@ def test_an_mtp_module_runs_on_the_last_stage_as_a_last_block_a_projection_and_a
     p0, p1 = stage_params(base, 1), stage_params(mtp, 1)
     moe_block = stage_params(base.with_(stage_layers=(3, 1)), 1).blocks  # the last stage holding one MoE block
     assert p1.blocks - p0.blocks == pytest.approx(moe_block, rel=1e-12)
-    assert p1.head - p0.head == 2 * 64 * 64 + 3 * 64
+    # ... and the embedding the module looks the next tokens up in, a copy on the last stage.
+    assert p1.head - p0.head == 2 * 64 * 64 + 3 * 64 + spec.vocab_size * 64
     assert stage_params(mtp, 0) == stage_params(base, 0)
     # The step's breakdown still adds up to the step, the module's time in it.
     est0, est1 = estimate_layout(base, PROF), estimate_layout(mtp, PROF)

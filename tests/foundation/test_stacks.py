@@ -210,3 +210,30 @@ def test_mtp_modules_are_a_megatron_core_plans_and_refused_elsewhere_in_one_line
     with pytest.raises(InputError) as err:
         on("megatron-core", training={**RAW["training"], "mtp_layers": -1})
     assert str(err.value).startswith("training.mtp_layers")
+
+
+def test_deepep_dispatch_is_a_megatron_core_plans_and_refused_elsewhere_in_one_line():
+    """parallel.ep_dispatch: written only when deepep, priced on megatron-core with EP, refused on the stacks
+    that send NCCL all-to-alls and without EP. DeepSeek-V3 on 32 H100s, EP 32 over four nodes: DeepEP's
+    once-per-node sends leave less of the all-to-all to hide."""
+    moe = {**RAW, "model": "deepseek-v3-16b", "stack": "megatron-core",
+           "parallel": {**RAW["parallel"], "ep": 32}, "memory": {**RAW["memory"], "activation_checkpointing": "full"}}
+    plain = plan_from_dict(moe)
+    deepep = plan_from_dict({**moe, "parallel": {**moe["parallel"], "ep_dispatch": "deepep"}})
+    assert "ep_dispatch" not in plain.to_dict()["parallel"]
+    assert deepep.to_dict()["parallel"]["ep_dispatch"] == "deepep"
+    assert plan_from_dict(deepep.to_dict()).parallel.ep_dispatch == "deepep"
+    assert layout_of(deepep).ep_dispatch == "deepep"
+    a, b = estimate_plan(plain, PROFILE), estimate_plan(deepep, PROFILE)
+    assert b.moe["ep_comm_issued_s"] < a.moe["ep_comm_issued_s"]
+    for stack in ("meshplan", "torchtitan"):
+        with pytest.raises(InputError) as err:
+            plan_from_dict({**moe, "stack": stack, "parallel": {**moe["parallel"], "ep_dispatch": "deepep"}})
+        assert str(err.value).startswith(f"parallel.ep_dispatch: must be all_to_all on stack {stack}")
+        assert "\n" not in str(err.value)
+    with pytest.raises(InputError) as err:
+        plan_from_dict({**moe, "parallel": {**moe["parallel"], "ep": 1, "ep_dispatch": "deepep"}})
+    assert str(err.value).startswith("parallel.ep_dispatch: deepep applies only with ep > 1")
+    with pytest.raises(InputError) as err:
+        plan_from_dict({**moe, "parallel": {**moe["parallel"], "ep_dispatch": "nccl"}})
+    assert str(err.value).startswith("parallel.ep_dispatch")
