@@ -182,6 +182,19 @@ def refused_stack():
     refused_on_load(raw(stack="jax"), "stack")
 
 
+def refused_mtp_layers():
+    """`training.mtp_layers` prices Megatron-Core's multi-token-prediction modules (tests/foundation/
+    test_stacks.py); meshplan's runtime trains none, so a plan of its stack refuses any on load."""
+    refused_on_load(raw(training__mtp_layers=1), "training.mtp_layers")
+
+
+def refused_ep_dispatch():
+    """`parallel.ep_dispatch: deepep` prices Megatron-Core's DeepEP dispatch (tests/foundation/test_stacks.py);
+    meshplan's runtime sends NCCL all-to-alls, so a plan of its stack refuses deepep on load."""
+    refused_on_load(raw(model="tiny-moe", parallel__dp_shard=2, parallel__ep=2, parallel__ep_dispatch="deepep"),
+                    "parallel.ep_dispatch")
+
+
 def effect_pp():
     t = build(model="tiny-4l", parallel__pp=2)
     assert list(t.model.parts[0].layers.keys()) == ["0", "1"] and t.schedule is not None
@@ -333,6 +346,7 @@ DECISIONS = {
     "version": format_version, "stack": refused_stack,
     "training.seq_len": effect_seq_len, "training.global_batch": effect_global_batch,
     "training.micro_batch": effect_micro_batch, "training.dtype": effect_dtype,
+    "training.mtp_layers": refused_mtp_layers, "parallel.ep_dispatch": refused_ep_dispatch,
     "parallel.dp_replicate": effect_dp_replicate, "parallel.dp_shard": effect_dp_shard, "parallel.tp": effect_tp,
     "parallel.sequence_parallel": effect_sequence_parallel, "parallel.async_tp": refused_async_tp,
     "parallel.pp": effect_pp, "parallel.pp_schedule": effect_pp_schedule,
