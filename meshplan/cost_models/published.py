@@ -249,7 +249,7 @@ def ep_overlapped(row: dict[str, str]) -> bool:
 
 # Megatron-Bridge's DeepSeek-V3 pipeline layouts, decoder layers per virtual stage by (pp, vp): the embedding
 # rides with the first stage's layers, the MTP modules and the loss with the last's (recipes/deepseek/
-# deepseek_v3.py, set_deepseek_v3_pipeline_model_parallel_layout, the same map from v0.2.0 to v0.6.0). Other
+# deepseek_v3.py, set_deepseek_v3_pipeline_model_parallel_layout; the same map at v0.2.2, v0.4.2, 067f987). Other
 # (pp, vp) pairs get no layout from the recipe and are split evenly here. Megatron-LM's GB200 notes print
 # theirs: Et|(tt|)*30L, one layer with the embedding, two a stage, the loss alone.
 DEEPSEEK_V3_LAYOUTS = {
