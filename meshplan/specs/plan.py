@@ -265,10 +265,9 @@ def check_consistency(plan: Plan) -> None:
     why = mtp_reason(plan.stack, t.mtp_layers)
     if why:
         raise InputError("training.mtp_layers", why)
-    if _known(p.ep):
-        why = ep_dispatch_reason(plan.stack, p.ep_dispatch, p.ep)
-        if why:
-            raise InputError("parallel.ep_dispatch", why)
+    why = ep_dispatch_reason(plan.stack, p.ep_dispatch, p.ep)  # the stack's answer needs no ep; ep 1's waits for it
+    if why:
+        raise InputError("parallel.ep_dispatch", why)
     if _known(p.tp):
         if m.n_heads % p.tp or m.n_kv_heads % p.tp:
             raise InputError("parallel.tp", f"must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads}), got {p.tp}")

@@ -380,8 +380,8 @@ EP_DISPATCHERS = ("all_to_all", "deepep")
 DEEPEP_STACKS = (MEGATRON_CORE,)
 
 
-def ep_dispatch_reason(stack: str, dispatch: str, ep: int) -> str | None:
-    """Why a plan cannot dispatch its tokens with `dispatch`, or None."""
+def ep_dispatch_reason(stack: str, dispatch: str, ep) -> str | None:
+    """Why a plan cannot dispatch its tokens with `dispatch`, or None (`ep` may still be 'auto')."""
     if dispatch == "all_to_all":
         return None
     if stack not in DEEPEP_STACKS:

@@ -237,3 +237,12 @@ def test_deepep_dispatch_is_a_megatron_core_plans_and_refused_elsewhere_in_one_l
     with pytest.raises(InputError) as err:
         plan_from_dict({**moe, "parallel": {**moe["parallel"], "ep_dispatch": "nccl"}})
     assert str(err.value).startswith("parallel.ep_dispatch")
+
+
+def test_deepep_on_a_stack_without_it_is_refused_before_ep_is_chosen():
+    """The stack decides deepep alone: a meshplan plan with ep still 'auto' is refused on load, not once
+    the search has filled ep."""
+    moe = {**RAW, "model": "deepseek-v3-16b", "parallel": {**RAW["parallel"], "ep": "auto", "ep_dispatch": "deepep"}}
+    with pytest.raises(InputError) as err:
+        plan_from_dict(moe)
+    assert str(err.value).startswith("parallel.ep_dispatch: must be all_to_all on stack meshplan")
