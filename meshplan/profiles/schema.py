@@ -128,6 +128,11 @@ class Overheads:
     # (cost_models/host.py).
     checkpoint_op_s: float | None = None
     sac_op_s: float | None = None
+    # Per op of an MoE layer's own work (router, top-k, sort, the grouped GEMMs, the combine, the aux loss),
+    # forward and backward: its Python between ops (custom autograd functions, the routing's bookkeeping)
+    # and, on CUDA, the host paths of sort and grouped GEMM (benchmarks/host_costs.py measures it). None:
+    # op_dispatch_s times the ratio measured on the runtime (cost_models/host.py MOE_OP_COST_RATIO).
+    moe_op_s: float | None = None
     # Per pipeline action (one stage's forward, backward or weight pass of one micro-batch): the schedule's
     # Python, and its sends and receives waited in line; PyTorch runs one stage per rank (GPipe, 1F1B) and
     # several (the looped and V-shaped schedules) on different runtimes, which cost differently.
