@@ -125,8 +125,11 @@ def checkpoint_op_s(o: Overheads) -> float:
 # routing's Python between ops, its custom autograd functions, sort and grouped GEMM's host paths. Measured
 # by benchmarks/host_costs.py as the runtime's MoE blocks' time less their dense ops at the dense blocks'
 # cost per op, over the MoE ops (tiny-moe against tiny-4l, same dims): 2.32 on the host of a lent H200
-# (2026-11-28, CUDA, bf16; benchmarks/results/gpu_session-NVIDIA_H200-19a97d1/host_costs-NVIDIA_H200.json),
-# 1.75-2.19 in three runs on this project's 2-core CPU VM (fp32). Not fitted to any step time.
+# (2026-11-28, CUDA, bf16; benchmarks/results/gpu_session-NVIDIA_H200-19a97d1/host_costs-NVIDIA_H200.json:
+# (365 x 24.87 - 239 x 16.59) / 126 = 40.6 us against the chain's 17.48), 1.64-2.90 in three runs on this
+# project's 2-core CPU VM (fp32; benchmarks/results/host_costs-CPU-ec3c41f.txt), whose host's speed drifts
+# between the chain's timing and the blocks'. The GPU's host is the one that matters. Not fitted to any
+# step time.
 MOE_OP_COST_RATIO = 2.3
 
 
