@@ -13,7 +13,7 @@ from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, model_flops_per_token, sac_kind
 from meshplan.cost_models.host import pipeline_action_s, pipeline_actions, step_host_time
-from meshplan.cost_models.layout import Layout, layout_of, representative_layers, runtime_paths, stage_block_kinds
+from meshplan.cost_models.layout import Layout, layout_of, representative_layers, runtime_paths, stage_kinds
 from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, STATE_BYTES, kept_output_units, peak_rank_memory,
                                          stage_params, weight_pass_share)
 from meshplan.cost_models.moe import ep_span, routing
@@ -152,7 +152,7 @@ def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
     n_stages = lay.n_stages
     act, w_act = pipeline_action_s(lay, prof.overheads)
     f, b, w = [], [], []
-    if len(bts) == 1:  # every block alike (a dense model): a stage costs its layer count times one block
+    if len(bts) == 1 and not lay.mtp_layers:  # every block alike: a stage costs its layer count times one block
         (bt,) = bts.values()
         fwd, bwd, wgt = bt.forward_with_comm, bt.backward_input_with_comm, bt.backward_weight
         for s in range(n_stages):
@@ -161,18 +161,17 @@ def stage_durations(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
             b.append(layers * bwd + (head.backward if s == n_stages - 1 else 0.0) + act)
             w.append(layers * wgt + w_act)
     else:
-        for s, kinds in enumerate(stage_block_kinds(lay.spec, lay.stage_layers)):
+        for s, kinds in enumerate(stage_kinds(lay.spec, lay.stage_layers, lay.mtp_layers)):
             f.append(sum(n * bts[k].forward_with_comm for k, n in kinds) + (emb if s == 0 else 0.0)
                      + (head.forward if s == n_stages - 1 else 0.0) + act)
             b.append(sum(n * bts[k].backward_input_with_comm for k, n in kinds)
                      + (head.backward if s == n_stages - 1 else 0.0) + act)
             w.append(sum(n * bts[k].backward_weight for k, n in kinds) + w_act)
-    if lay.mtp_layers:  # the MTP modules after the last block: blocks of its kind, their projections, a head each
-        last = bts[lay.spec.representative_layer(lay.spec.n_layers - 1)]
+    if lay.mtp_layers:  # the MTP modules' projections and second head, beside their blocks (stage_kinds)
         mf, mb, mw = mtp_extra_time(lay, prof, head)
-        f[-1] += lay.mtp_layers * last.forward_with_comm + mf
-        b[-1] += lay.mtp_layers * last.backward_input_with_comm + mb
-        w[-1] += lay.mtp_layers * last.backward_weight + mw
+        f[-1] += mf
+        b[-1] += mb
+        w[-1] += mw
     p2p = 0.0
     if lay.pp > 1:
         payload = lay.tokens_per_micro * lay.hidden_bytes_per_token
@@ -373,7 +372,7 @@ def _time_breakdown(lay: Layout, prof: ClusterProfile, bts: dict[int, BlockTime]
         return m * sum(n * part(bts[k]) for k, n in kinds)
 
     extra = (emb if 0 in stages else 0.0) + (head.forward + head.backward if lay.n_stages - 1 in stages else 0.0)
-    if lay.n_stages - 1 in stages:  # the MTP modules' blocks are among `kinds` (memory.stage_params)
+    if lay.n_stages - 1 in stages:  # the MTP modules' blocks are among `kinds` (layout.stage_kinds, via memory.stage_params)
         extra += sum(mtp_extra_time(lay, prof, head))
     out = {
         "compute": blocks(lambda bt: bt.forward + bt.backward_input + bt.backward_weight) + m * extra,

@@ -99,8 +99,9 @@ class Layout:
     # Multi-token-prediction modules the stack runs after the last block, on the last pipeline stage
     # (DeepSeek-V3's MTP; Megatron-Core's mtp_num_layers): each a block of the last layer's kind behind a
     # projection of the normed hidden state and the next token's embedding (2 dim -> dim), then its own
-    # pass through the output head and loss (timing.mtp_extra_time, memory.stage_params). The plan's
-    # training.mtp_layers; meshplan's runtime and TorchTitan run none (specs/rules.py mtp_reason).
+    # pass through the output head and loss (stage_kinds places the blocks; timing.mtp_extra_time and
+    # memory.stage_params price the rest). The plan's training.mtp_layers; meshplan's runtime and
+    # TorchTitan run none (specs/rules.py mtp_reason).
     mtp_layers: int = 0
     # Whether the stack compiles the loss where it compiles the blocks (meshplan's runtime does, by
     # specs/rules.py loss_compiled; TorchTitan 2024 compiled the blocks alone): see loss_compiled.
@@ -211,6 +212,19 @@ def stage_block_kinds(spec: ModelSpec, stage_layers: tuple[int, ...]) -> tuple[t
         out.append(tuple(sorted(counts.items())))
         start += n
     return tuple(out)
+
+
+def stage_kinds(spec: ModelSpec, stage_layers: tuple[int, ...], mtp: int = 0) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """stage_block_kinds plus the model's multi-token-prediction modules (Layout.mtp_layers): each a block
+    of the last layer's kind, on the last stage (Megatron-Core builds them after the final block). Their
+    projections and second head are not blocks: timing.mtp_extra_time and memory.stage_params price them."""
+    kinds = stage_block_kinds(spec, stage_layers)
+    if not mtp:
+        return kinds
+    last = dict(kinds[-1])
+    k = spec.representative_layer(spec.n_layers - 1)
+    last[k] = last.get(k, 0) + mtp
+    return kinds[:-1] + (tuple(sorted(last.items())),)
 
 
 def representative_layers(spec: ModelSpec) -> tuple[int, ...]:

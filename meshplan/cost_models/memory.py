@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from meshplan.cost_models.activations import (Convention, activation_bytes_per_token, convention_of,
                                               recompute_peak_bytes_per_token)
-from meshplan.cost_models.layout import Layout, stage_block_kinds
+from meshplan.cost_models.layout import Layout, stage_kinds
 from meshplan.cost_models.moe import rank_block_params
 from meshplan.cost_models.pipeline import stage_rank
 from meshplan.profiles.schema import Overheads
@@ -37,7 +37,7 @@ class StageParams:
     head: float  # final norm + output projection (last stage)
     blocks: float  # all of its blocks' parameters on a rank
     routed: float = 0.0  # of which routed experts: FSDP shards them over ep_fsdp, not dp_shard x cp
-    kinds: tuple[tuple[int, int], ...] = ()  # (representative layer, count) of its blocks (stage_block_kinds)
+    kinds: tuple[tuple[int, int], ...] = ()  # (representative layer, count) of its blocks (layout.stage_kinds)
 
     @property
     def total(self) -> float:
@@ -73,17 +73,13 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
                   reached: int | None = None, ep: int = 1, mtp: int = 0) -> StageParams:
     n_stages = len(stage_layers)
     stages = [s for s in reversed(range(n_stages)) if stage_rank(s, pp, schedule) == rank][:reached]
-    layers = sum(stage_layers[s] for s in stages)
-    per_stage = stage_block_kinds(spec, stage_layers)
+    per_stage = stage_kinds(spec, stage_layers, mtp)
     counts: dict[int, int] = {}
     for s in stages:
         for k, n in per_stage[s]:
             counts[k] = counts.get(k, 0) + n
+    layers = sum(counts.values())
     last = (n_stages - 1) in stages
-    if last and mtp:  # Layout.mtp_layers: a block of the last layer's kind each, on the last stage
-        k = spec.representative_layer(spec.n_layers - 1)
-        counts[k] = counts.get(k, 0) + mtp
-        layers += mtp
     held = {k: rank_block_params(spec, k, tp, ep) for k in counts}
     block = max((held[k][0] for k in counts), default=rank_block_params(spec, spec.n_layers - 1, tp, ep)[0])
     blocks = sum(n * held[k][0] for k, n in counts.items())

@@ -11,7 +11,7 @@ import pytest
 
 from meshplan.cost_models.comm import GroupSpan, bus_factor
 from meshplan.cost_models.estimate import block_times, group_spans, stage_durations
-from meshplan.cost_models.layout import Layout, stage_block_kinds
+from meshplan.cost_models.layout import Layout, stage_block_kinds, stage_kinds
 from meshplan.cost_models.memory import GIB, rank_memory
 from meshplan.cost_models.timing import block_time, embedding_time, head_time
 from meshplan.cost_models.activations import PYTORCH, activation_bytes_per_token
@@ -216,6 +216,9 @@ def test_the_deepep_row_of_megatron_bridge_deduplicates_and_the_others_do_not():
 def test_dense_first_layers_are_priced_apart():
     spec = BUILTIN_MODELS["tiny-moe"]  # 4 layers, the first dense
     assert stage_block_kinds(spec, (2, 2)) == (((0, 1), (1, 1)), ((1, 2),))
+    # An MTP module is one more block of the last layer's kind (MoE), on the last stage only.
+    assert stage_kinds(spec, (2, 2), mtp=1) == (((0, 1), (1, 1)), ((1, 3),))
+    assert stage_kinds(spec, (4,), mtp=2) == (((0, 1), (1, 5)),)
     lay = _layout(spec=spec, stage_layers=(2, 2), pp=2, gpus=8, dp_shard=4, global_batch=8)
     spans = group_spans(lay, PROF)
     bts = block_times(lay, PROF, spans)
