@@ -51,6 +51,10 @@ class Result:
     mfu_measured: float | None = None
     eager_s: float | None = None  # the same plan with compile: false, measured
     graph_breaks: int | None = None  # Dynamo's "Graph break" log lines in a compiled run
+    # Compiled TP plans: the TP collectives inductor fused with their matmuls (async TP) and those it left,
+    # counted in the compiled graphs (runtime/tp_census.py; the summary's measured.compiled_tp_ops).
+    tp_fused: int | None = None
+    tp_unfused: int | None = None
 
     @property
     def error(self) -> float | None:
@@ -131,8 +135,39 @@ def planner_top(model: str, setup: Setup, args: argparse.Namespace, work: Path, 
     return [(f"planner #{r['rank']}", plan_mapping_of_candidate(r)) for r in rows[:top]]
 
 
-def variants(best: dict[str, Any], fp8: bool, quick: bool) -> list[tuple[str, dict]]:
-    """The best plan with one knob forced at a time: AC (compiled), compile, float8, micro-batch."""
+def with_tp2(plan: dict[str, Any]) -> dict[str, Any] | None:
+    """The plan with TP 2 (and SP) where it has none, the GPUs taken from data parallelism; None where
+    neither data-parallel degree halves."""
+    p = plan["parallel"]
+    if int(p.get("tp", 1)) > 1:
+        return plan
+    out = json.loads(json.dumps(plan))
+    q = out["parallel"]
+    for dim in ("dp_shard", "dp_replicate"):
+        if int(q.get(dim, 1)) % 2 == 0:
+            q[dim], q["tp"], q["sequence_parallel"] = int(q[dim]) // 2, 2, True
+            return out
+    return None
+
+
+def async_tp_variants(best: dict[str, Any]) -> list[tuple[str, dict]]:
+    """Async TP on and off, compiled, on the best plan with TP (issue 26: its TP blocks must show the fused
+    all-gather-matmul and matmul-reduce-scatter ops, the run's measured.compiled_tp_ops)."""
+    base = with_tp2(best)
+    if base is None:
+        return []
+    out = []
+    for on in (True, False):
+        plan = json.loads(json.dumps(base))
+        plan["compile"], plan["parallel"]["async_tp"] = True, on
+        plan["parallel"]["sequence_parallel"] = True
+        out.append((f"variant async_tp={on}", plan))
+    return out
+
+
+def variants(best: dict[str, Any], fp8: bool, quick: bool, gpus: int = 1) -> list[tuple[str, dict]]:
+    """The best plan with one knob forced at a time: AC (compiled), compile, float8, micro-batch; on 2 or
+    more GPUs, async TP on and off."""
     forced: list[tuple[str, str, Any]] = [("memory", "activation_checkpointing", ac) for ac in ("selective", "full", "none")]
     forced += [("compile", "", v) for v in (False, True)]
     if fp8:
@@ -149,7 +184,7 @@ def variants(best: dict[str, Any], fp8: bool, quick: bool) -> list[tuple[str, di
             plan["memory"]["sac_ops"] = None
             plan["compile"] = True  # the compiled plan; measure() runs its eager twin beside it
         out.append((f"variant {key or section}={value}", plan))
-    return out
+    return out + (async_tp_variants(best) if gpus >= 2 else [])
 
 
 def estimate(path: Path) -> dict[str, Any] | str:
@@ -208,6 +243,10 @@ def measure(label: str, model: str, plan: dict, work: Path, steps: int) -> Resul
         r.measured_s = m.get("step_time_s")
         r.allocated_gib, r.reserved_gib = m.get("peak_memory_gib"), m.get("peak_memory_reserved_gib")
         r.predicted_allocated_gib = p.get("peak_memory_allocated_gib")
+        if tp_ops := m.get("compiled_tp_ops"):
+            from meshplan.runtime.tp_census import fused, unfused
+
+            r.tp_fused, r.tp_unfused = fused(tp_ops), unfused(tp_ops)
         if r.mfu_predicted is not None and r.measured_s:
             r.mfu_measured = r.mfu_predicted * r.predicted_s / r.measured_s  # MFU is proportional to 1/step
     return r
@@ -262,11 +301,12 @@ def table_rows(results: list[Result]) -> list[list[str]]:
              _fmt(r.graph_breaks, "d"), _fmt(r.error, "+.1%"),
              _fmt(r.predicted_gib, ".2f"), _fmt(r.predicted_allocated_gib, ".2f"), _fmt(r.allocated_gib, ".2f"),
              _fmt(r.reserved_gib, ".2f"), "OOM" if r.oom else "", _fmt(r.mfu_predicted, ".1%"),
-             _fmt(r.mfu_measured, ".1%"), r.failed] for r in results]
+             _fmt(r.mfu_measured, ".1%"),
+             "" if r.tp_fused is None else f"{r.tp_fused}/{r.tp_unfused}", r.failed] for r in results]
 
 
 HEADER = ["plan", "pred s/step", "meas s/step", "eager s/step", "graph breaks", "error", "pred GiB", "pred alloc GiB", "meas alloc GiB",
-          "meas reserved GiB", "OOM", "pred MFU", "meas MFU", "note"]
+          "meas reserved GiB", "OOM", "pred MFU", "meas MFU", "TP ops fused/left", "note"]
 
 
 def summary_lines(results: list[Result]) -> list[str]:
@@ -356,7 +396,7 @@ def main() -> int:
         if not top:
             continue
         # The pick, its AC x compile variants (each beside its eager twin), then the other picks.
-        forced = variants(top[0][1], fp8, args.quick)
+        forced = variants(top[0][1], fp8, args.quick, setup.gpus if setup.device != "CPU" else 1)
         if args.variants is not None:
             forced = [(label, plan) for label, plan in forced if label.split(" ", 1)[1] in args.variants]
         candidates = top[:1] + forced + top[1:]

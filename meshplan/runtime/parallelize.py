@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from meshplan.runtime import tp_census
 from meshplan.runtime.activation_checkpoint import apply_ac
 from meshplan.runtime.context_parallel import apply_cp
 from meshplan.runtime.data_parallel import apply_data_parallel
@@ -69,6 +70,8 @@ def parallelize_model(plan: Plan, mesh: Meshes, dims: ParallelDims, device: torc
         share_tokens(model, mesh, dims, balanced_routing)
         apply_ac(model, mem.activation_checkpointing, mem.sac_ops)
         if plan.compile:
+            if dims.tp > 1:  # what inductor does with the TP collectives: async TP's proof
+                tp_census.install()
             for block in model.layers.values():
                 block.compile()
         kind = apply_data_parallel(model, mesh, dims, bool(mem.reshard_after_forward), str(plan.training.dtype))

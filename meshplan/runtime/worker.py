@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from meshplan.errors import InputError
+from meshplan.runtime import tp_census
 from meshplan.runtime.checkpoint import CheckpointError
 from meshplan.runtime.launcher import ALLOCATOR_ENV_NAMES
 from meshplan.runtime.metrics import measured_summary, predicted, ratios
@@ -89,6 +90,8 @@ def write_summary(plan: Plan, opts: RunOptions, rows, device: torch.device, back
     import meshplan
 
     measured = measured_summary(rows, opts.timing_warmup)
+    if (tp_ops := tp_census.census()) is not None:  # compiled TP: the collectives inductor left and fused
+        measured["compiled_tp_ops"] = tp_ops
     pred, why = predicted(plan)
     summary = {
         "measured": measured,

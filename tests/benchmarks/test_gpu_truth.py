@@ -49,6 +49,20 @@ def test_variants_force_one_knob_each():
                                                       "variant micro_batch=4"]
     assert best["compile"] is False  # the best plan itself is left as it was
     assert not any("float8" in k for k in dict(gpu_truth.variants(best, fp8=False, quick=True)))
+    assert not any("async_tp" in k for k in out)  # one GPU: no TP to make async
+
+
+def test_async_tp_variants_take_tp_from_data_parallelism_on_two_gpus():
+    best = {"compile": False, "training": {"micro_batch": 1},
+            "memory": {"activation_checkpointing": "none", "sac_ops": None, "float8": False},
+            "parallel": {"dp_replicate": 1, "dp_shard": 4, "tp": 1, "sequence_parallel": False, "async_tp": False}}
+    out = dict(gpu_truth.variants(best, fp8=False, quick=True, gpus=4))
+    on, off = out["variant async_tp=True"], out["variant async_tp=False"]
+    assert on["parallel"] == {"dp_replicate": 1, "dp_shard": 2, "tp": 2, "sequence_parallel": True, "async_tp": True}
+    assert off["parallel"] == {**on["parallel"], "async_tp": False}
+    assert on["compile"] is True and off["compile"] is True  # async TP is an inductor pass
+    odd = {**best, "parallel": {**best["parallel"], "dp_shard": 3}}
+    assert not any("async_tp" in k for k in dict(gpu_truth.variants(odd, fp8=False, quick=True, gpus=3)))
 
 
 @pytest.mark.distributed
