@@ -372,7 +372,7 @@ def _time_breakdown(lay: Layout, prof: ClusterProfile, bts: dict[int, BlockTime]
         return m * sum(n * part(bts[k]) for k, n in kinds)
 
     extra = (emb if 0 in stages else 0.0) + (head.forward + head.backward if lay.n_stages - 1 in stages else 0.0)
-    if lay.n_stages - 1 in stages:  # the MTP modules' blocks are among `kinds` (layout.stage_kinds, via memory.stage_params)
+    if lay.n_stages - 1 in stages:  # the MTP modules' blocks are among `kinds` (layout.stage_kinds)
         extra += sum(mtp_extra_time(lay, prof, head))
     out = {
         "compute": blocks(lambda bt: bt.forward + bt.backward_input + bt.backward_weight) + m * extra,

@@ -12,9 +12,10 @@ after micro_pipeline_tp (inductor's post_grad_custom_post_pass), and opts out of
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
-import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
+if TYPE_CHECKING:
+    import torch
 
 # The functional collectives TP's DTensor redistributions trace to, and what micro_pipeline_tp fuses them
 # into (bf16; the scaled ones under float8).
@@ -39,23 +40,29 @@ def count_graph(graph: torch.fx.Graph) -> Counter[str]:
     return Counter(n for n in names if n in TP_COLLECTIVES or n in FUSED_TP_OPS)
 
 
-class TPCensus(CustomGraphPass):
-    """Adds each post-grad graph's counts to the process's census; changes nothing in the graph."""
+def census_pass():
+    """The pass: adds each post-grad graph's counts to the process's census, changing nothing in the graph.
+    Built on first use: importing inductor costs a second or more, which an eager run need not pay."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
 
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        _SEEN.update(count_graph(graph))
-        _SEEN["graphs"] += 1
+    class TPCensus(CustomGraphPass):
+        def __call__(self, graph: torch.fx.Graph) -> None:
+            _SEEN.update(count_graph(graph))
+            _SEEN["graphs"] += 1
 
-    def uuid(self) -> None:
-        return None  # not cacheable: every compiled graph passes through here
+        def uuid(self) -> None:
+            return None  # not cacheable: every compiled graph passes through here
+
+    return TPCensus()
 
 
 def install() -> None:
     """Count from now on (before the blocks are first compiled: compilation is lazy, at the first step)."""
     import torch._inductor.config as inductor_config
 
-    inductor_config.post_grad_custom_post_pass = TPCensus()
-    _INSTALLED[0] = True
+    if not _INSTALLED[0]:
+        inductor_config.post_grad_custom_post_pass = census_pass()
+        _INSTALLED[0] = True
 
 
 def census() -> dict[str, int] | None:
