@@ -7,7 +7,8 @@
 #
 # MOE_BUDGET_S (default 90; 0 skips it) first runs the planner's top 2 plans of moe-1b (0.92B parameters,
 # EP 1 on one GPU, eager) through gpu_truth, into tables of their own under $OUT/moe: issue 29's GPU check.
-# BUDGET_S (default 270) then stops new 3B runs; each takes about 35 s plus its compile. Then the saved
+# BUDGET_S (default 270) then stops new 3B runs; each takes about 35 s plus its compile. On 2 or more GPUs the
+# 3B runs include async TP on and off (issue 26: the table's "TP ops fused/left" column must show fused ops). Then the saved
 # tensors of one block (benchmarks/saved_tensors.py) and a profiled step of the pick and of AC full
 # (their top ops by GPU time): about 2 more minutes, so keep MOE_BUDGET_S + BUDGET_S + 150 under the
 # call's limit (540 s).
@@ -45,7 +46,7 @@ fi
 # The routed experts' grouped GEMMs against the built-in profile's per-expert matmuls (issue 28; ~20 s).
 timeout 50 python3 benchmarks/grouped_gemm.py --quick --out "$out" > /dev/null 2>&1 || echo "grouped_gemm failed"
 python3 benchmarks/gpu_truth.py --no-profile --models "${MODELS:-llama3.2-3b}" --top "${TOP:-3}" \
-  --variants activation_checkpointing=full --steps 6 --budget-s "${BUDGET_S:-270}" --out "$out" --work "$work"
+  --variants activation_checkpointing=full async_tp=True async_tp=False --steps 6 --budget-s "${BUDGET_S:-270}" --out "$out" --work "$work"
 status=$?
 tar czf "$out/gpu_truth_logs.tgz" -C "$work" runs plans 2>/dev/null
 # What one block keeps for backward on this GPU, against the inventory (about 40 s).
