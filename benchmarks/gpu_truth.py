@@ -136,8 +136,8 @@ def planner_top(model: str, setup: Setup, args: argparse.Namespace, work: Path, 
 
 
 def with_tp2(plan: dict[str, Any]) -> dict[str, Any] | None:
-    """The plan with TP 2 (and SP) where it has none, the GPUs taken from data parallelism; None where
-    neither data-parallel degree halves."""
+    """The plan with TP 2 where it has none, the GPUs taken from data parallelism; None where neither
+    data-parallel degree halves."""
     p = plan["parallel"]
     if int(p.get("tp", 1)) > 1:
         return plan
@@ -145,7 +145,7 @@ def with_tp2(plan: dict[str, Any]) -> dict[str, Any] | None:
     q = out["parallel"]
     for dim in ("dp_shard", "dp_replicate"):
         if int(q.get(dim, 1)) % 2 == 0:
-            q[dim], q["tp"], q["sequence_parallel"] = int(q[dim]) // 2, 2, True
+            q[dim], q["tp"] = int(q[dim]) // 2, 2
             return out
     return None
 
@@ -159,8 +159,8 @@ def async_tp_variants(best: dict[str, Any]) -> list[tuple[str, dict]]:
     out = []
     for on in (True, False):
         plan = json.loads(json.dumps(base))
-        plan["compile"], plan["parallel"]["async_tp"] = True, on
-        plan["parallel"]["sequence_parallel"] = True
+        plan["compile"] = True  # async TP is an inductor pass over sequence-parallel TP
+        plan["parallel"].update(async_tp=on, sequence_parallel=True)
         out.append((f"variant async_tp={on}", plan))
     return out
 

@@ -59,13 +59,13 @@ def runtime_step(env: BenchEnv, model: str, blocks: int):
 
 def moe_op_s(dense: tuple[float, float], moe: tuple[float, float]) -> float:
     """Seconds per op an MoE layer adds to a block, from (seconds, ops) of one dense block and one MoE block
-    of the same dims: the MoE block's seconds less its dense ops at the dense block's cost per op."""
-    dense_op_s = dense[0] / dense[1]
-    return max(0.0, moe[0] - dense_op_s * dense[1]) / (moe[1] - dense[1])
+    of the same dims: the MoE block's dense ops cost what the dense block's do, so the difference in
+    seconds over the difference in ops."""
+    return max(0.0, moe[0] - dense[0]) / (moe[1] - dense[1])
 
 
-def runtime_block_costs(env: BenchEnv, target_s: float, min_reps: int = 5) -> dict[str, float]:
-    """Per op of each model's blocks, and moe_op_s: medians over rounds."""
+def runtime_block_costs(env: BenchEnv, target_s: float, min_reps: int = 5) -> tuple[dict[str, float], dict[str, float]]:
+    """(seconds per op of each model's blocks and moe_op_s, medians over rounds; ops per block of each model)."""
     steps = {(m, n): runtime_step(env, m, n) for m in MODELS for n in BLOCKS}
     ops = {k: count_ops(f) for k, f in steps.items()}
     per_block = {m: (ops[(m, BLOCKS[1])] - ops[(m, BLOCKS[0])]) / (BLOCKS[1] - BLOCKS[0]) for m in MODELS}
@@ -77,8 +77,8 @@ def runtime_block_costs(env: BenchEnv, target_s: float, min_reps: int = 5) -> di
         r = {f"block_op_s {m}": block_s[m] / per_block[m] for m in MODELS}
         r["moe_op_s"] = moe_op_s(*((block_s[m], per_block[m]) for m in MODELS))
         rounds.append(r)
-    out = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    return out | {f"block_ops {m}": per_block[m] for m in MODELS}
+    costs = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    return costs, {f"block_ops {m}": per_block[m] for m in MODELS}
 
 
 def main() -> None:
@@ -92,8 +92,7 @@ def main() -> None:
         os.environ.setdefault(k, v)
     env = init_env()
     costs = asdict(bench_host_dispatch(env, a.target_s, 5))
-    blocks = runtime_block_costs(env, a.target_s)
-    ops = {k: blocks.pop(k) for k in list(blocks) if k.startswith("block_ops")}
+    blocks, ops = runtime_block_costs(env, a.target_s)
     costs.update(blocks)
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else "CPU"
     row = {"device": name, "torch": torch.__version__, "cpu_count": os.cpu_count(),
