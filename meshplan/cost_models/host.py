@@ -123,14 +123,15 @@ def checkpoint_op_s(o: Overheads) -> float:
 
 # What an op of an MoE layer's own work costs the host, over op_dispatch_s (the chain's multiply): the
 # routing's Python between ops, its custom autograd functions, sort and grouped GEMM's host paths. Measured
-# by benchmarks/host_costs.py as the runtime's MoE blocks' time less their dense ops at the dense blocks'
-# cost per op, over the MoE ops (tiny-moe against tiny-4l, same dims): 2.32 on the host of a lent H200
-# (2026-11-28, CUDA, bf16; benchmarks/results/gpu_session-NVIDIA_H200-19a97d1/host_costs-NVIDIA_H200.json:
-# (365 x 24.87 - 239 x 16.59) / 126 = 40.6 us against the chain's 17.48), 1.64-2.90 in three runs on this
-# project's 2-core CPU VM (fp32; benchmarks/results/host_costs-CPU-ec3c41f.txt), whose host's speed drifts
-# between the chain's timing and the blocks'. The GPU's host is the one that matters. Not fitted to any
-# step time.
-MOE_OP_COST_RATIO = 2.3
+# by benchmarks/host_costs.py as the runtime's MoE blocks' time less the dense blocks', over the ops the MoE
+# layer adds (tiny-moe against tiny-4l, same dims; 207 and 337 ops a block on CUDA under PyTorch 2.11), on
+# the hosts of two lent H200 machines (2026-11-28, bf16): 2.18 (gpu_session-NVIDIA_H200-19a97d1:
+# (337 x 24.87 - 207 x 16.59) / 130 = 38.0 us against the chain's 17.48, its counts taken from the second
+# machine's run, that script not yet printing them) and 1.78 (gpu_session-NVIDIA_H200-0a9dd74: 30.43 us
+# against 17.11, rounds interleaved); the mean of the two. 1.64-2.90 in three runs on this project's 2-core
+# CPU VM (fp32; benchmarks/results/host_costs-CPU-ec3c41f.txt), whose host's speed drifts between the
+# chain's timing and the blocks'. Not fitted to any step time.
+MOE_OP_COST_RATIO = 1.98
 
 
 def moe_op_extra_s(o: Overheads) -> float:
