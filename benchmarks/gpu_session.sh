@@ -35,7 +35,7 @@ cbc_dir=/tmp/site/pulp/solverdir/cbc/linux/i64
 chmod +x "$cbc_dir/cbc" 2>/dev/null && export PATH="$cbc_dir:$PATH"
 nvidia-smi --query-gpu=name,memory.total --format=csv
 # The host cost per op: bench/host.py's chains and the runtime's own blocks, and from them moe_op_s and its
-# ratio to the chain (cost_models/host.py MOE_OP_COST_RATIO: 2.32 on the H200's host, 2026-11-28; ~10 s).
+# ratio to the chain (cost_models/host.py MOE_OP_COST_RATIO: 2.18 and 1.78 on two H200 machines' hosts; ~10 s).
 timeout 60 python3 benchmarks/host_costs.py --out "$out" || echo "host_costs failed"
 work=/tmp/gpu_truth_work
 if [ "${MOE_BUDGET_S:-90}" != 0 ]; then
