@@ -11,14 +11,15 @@ folds at two hours on this VM; `meshplan validate --cross --nested --form rate_r
 from __future__ import annotations
 
 from meshplan.cost_models import forms
-from meshplan.cost_models.crossval import is_moe_source, training_rows
+from meshplan.cost_models.crossval import fold_of, is_moe_source, training_rows
 from meshplan.cost_models.nested import nested_cross_validate, nested_text
 
 
 def main() -> None:
     rows = [r for r in training_rows() if is_moe_source(r.table)]
     result = nested_cross_validate(rows, {"rate_rows": forms.ALTERNATIVES["rate_rows"]})
-    print(f"{len(rows)} MoE rows of {len({r.table for r in rows})} tables")
+    print(f"{len(rows)} MoE rows of {len({r.table for r in rows})} tables, held out by model "
+          f"({len({fold_of(r.table) for r in rows})} folds)")
     print(nested_text(result))
 
 

@@ -22,11 +22,17 @@ KORTHIKANTI = "Korthikanti 2022 Table 4 (22B layer)"
 TORCHTITAN = tuple(f"TorchTitan H100 (Table {i})" for i in range(1, 7))
 LLMFOUNDRY = "MosaicML llm-foundry MPT (A100, H100)"
 IBM_FMS = "IBM fms-fsdp Llama 2 (A100, H100)"
-# Megatron-Bridge's MoE runs (and a few of Megatron-LM's), one table per model: leaving a table out of a fit
-# leaves a model out.
+# The MoE runs on B200 and GB200 (moe_training_blackwell.csv), one table per publication and model: Megatron-
+# Bridge's performance pages, the Megatron-MoE model zoo's best-practice tables and Megatron-LM's DeepSeek-V3
+# GB200 notes are three publications (written by different teams at different dates, each measuring its own
+# runs), all of the Megatron-Core stack. Leaving a table out of a fit leaves that publication's model out.
 MEGATRON_BRIDGE_MOE = "Megatron-Bridge MoE"
+MOE_MODEL_ZOO = "Megatron-MoE-ModelZoo"
+MEGATRON_LM_GB200 = "Megatron-LM GB200 notes"
+MOE_SOURCES = (MEGATRON_BRIDGE_MOE, MOE_MODEL_ZOO, MEGATRON_LM_GB200)
 MOE_TABLES = tuple(f"{MEGATRON_BRIDGE_MOE}: {m}" for m in ("DeepSeek-V3", "GPT-OSS-120B", "Qwen3-30B-A3B",
-                                                            "Qwen3-235B-A22B"))
+                                                            "Qwen3-235B-A22B")) + (
+    f"{MOE_MODEL_ZOO}: Qwen3-235B-A22B", f"{MEGATRON_LM_GB200}: DeepSeek-V3")
 # Tables whose rows run a kernel no profile prices from a measurement: GPT-OSS's attention with learnable sinks
 # (softmax_type "learnable" in Megatron-Bridge's GPT-OSS bridge). Rate constants leave them out under
 # forms.py rate_rows "measured_kernels".
@@ -245,8 +251,9 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "host seconds per local expert of an eager MoE layer's forward behind a device-to-host sync "
                     "(Layout.moe_host_sync: Megatron-Core's dropless recipes without full-iteration CUDA graphs), "
                     "the backward 1.75x (timing.MOE_HOST_BACKWARD_RATIO); a layer pass takes the longer of its "
-                    "kernels and this. One value for every GPU, fitted on the Megatron-Bridge MoE rows, one table "
-                    "per model, so leaving a table out leaves a model out. Its form (per local expert, no fixed "
+                    "kernels and this. One value for every GPU, fitted on the B200 and GB200 MoE rows of three "
+                    "publications (Megatron-Bridge's pages, the Megatron MoE model zoo, Megatron-LM's GB200 notes), "
+                    "all Megatron-Core; cross-validation leaves one model out (crossval.fold_of). Its form (per local expert, no fixed "
                     "part per layer) was chosen by that same leave-one-model-out score (15.8 % against 17.2 % "
                     "with a fixed part too, on a grid, 2026-11-27), not by nested cross-validation: for that "
                     "choice the MoE score is partly in sample",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 from meshplan.cost_models import constants
-from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, PROFILE_CONSTANTS,
+from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MOE_SOURCES, PROFILE_CONSTANTS,
                                             ProfileConstant, fitted_profiles)
 from meshplan.cost_models.published import PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
@@ -145,10 +145,10 @@ def constant_effects(rows: list[PublishedRow] | None = None) -> tuple[Score, Sco
 
 
 def source_of(table: str) -> str:
-    """The publication a table comes from: TorchTitan's six tables are one source, and the MoE pages' one
-    table per model another."""
+    """The publication a table comes from: TorchTitan's six tables are one source, and each MoE publication's
+    tables, one per model, another (constants.MOE_SOURCES)."""
     if is_moe_source(table):
-        return MEGATRON_BRIDGE_MOE
+        return table.split(": ")[0]
     return re.sub(r" \(Table \d+\)$", "", table)
 
 
@@ -260,13 +260,21 @@ class CrossResult:
     builtin: list[RowError] = field(default_factory=list)  # the built-in profiles as shipped
 
 
+def fold_of(table: str) -> str:
+    """What is held out with a table: itself, but for the MoE tables their model, whichever publication
+    printed it (Megatron-Bridge's pages, the model zoo and Megatron-LM's notes print the same models), so
+    that leaving a fold out leaves a model out and no fit sees that model's runs."""
+    return table.split(": ", 1)[1] if is_moe_source(table) else table
+
+
 def leave_one_table_out(rows: list[PublishedRow]) -> tuple[list[RowError], dict[str, dict[tuple[str, str], float]]]:
-    """Every row predicted with the constants fitted without its table, table by table, and those fits."""
+    """Every row predicted with the constants fitted without its fold (fold_of: its table, or for an MoE row
+    its model), fold by fold, and those fits."""
     errors: list[RowError] = []
     fitted_without: dict[str, dict[tuple[str, str], float]] = {}
-    for table in dict.fromkeys(r.table for r in rows):
-        values = fitted_without[table] = fit([r for r in rows if r.table != table])
-        errors += row_errors([r for r in rows if r.table == table], transform_of(values))
+    for fold in dict.fromkeys(fold_of(r.table) for r in rows):
+        values = fitted_without[fold] = fit([r for r in rows if fold_of(r.table) != fold])
+        errors += row_errors([r for r in rows if fold_of(r.table) == fold], transform_of(values))
     return errors, fitted_without
 
 
@@ -318,7 +326,7 @@ def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = Fal
 
 
 def is_moe_source(source: str) -> bool:
-    return source.startswith(MEGATRON_BRIDGE_MOE)
+    return source.split(": ")[0] in MOE_SOURCES
 
 
 def _worst_memory(errs: list[RowError]) -> str:

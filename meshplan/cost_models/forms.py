@@ -42,8 +42,10 @@ class Forms:
     # attention runs with learnable sinks, which no profile has measured (cuDNN's GB200 benchmark ran its
     # sliding window without them), so its rows would lend their unpriced kernel time to every kernel of
     # the device (constants.UNMEASURED_KERNEL_TABLES). Chosen by nested cross-validation on the MoE tables,
-    # the only rows it moves, in 3 of 4 folds (the GPT-OSS fold a tie) and on every table
-    # (benchmarks/nested_rate_rows.py; benchmarks/results/validate_nested-rate_rows.txt, 3806845).
+    # the only rows it moves, on every table (benchmarks/nested_rate_rows.py;
+    # benchmarks/results/validate_nested-rate_rows.txt): in 3 of 4 folds while the MoE rows were one table per
+    # model (3806845), in 2 of 4 since the model zoo's and Megatron-LM's rows are tables of their own, which
+    # weighs them as much as a model's Megatron-Bridge rows in the inner error.
     rate_rows: str = "measured_kernels"
 
 

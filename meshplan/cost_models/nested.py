@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from meshplan.cost_models import forms
-from meshplan.cost_models.crossval import (RowError, _objective, _score_lines, fit, leave_one_table_out, row_errors,
+from meshplan.cost_models.crossval import (RowError, _objective, _score_lines, fit, fold_of, leave_one_table_out, row_errors,
                                            training_rows, transform_of)
 from meshplan.cost_models.published import PublishedRow
 
@@ -64,13 +64,13 @@ def outer_fold(rows: list[PublishedRow], held_out: str | None,
                alternatives: dict[str, tuple[str, ...]]) -> tuple[list[RowError], Fold]:
     """One outer fold: forms chosen and constants fitted without `held_out`, which is then predicted.
     held_out None: the choice on every table (nothing predicted)."""
-    train = [r for r in rows if r.table != held_out]
+    train = [r for r in rows if fold_of(r.table) != held_out]
     chosen, inner = choose_forms(train, alternatives)
     if held_out is None:
         return [], Fold("", inner, chosen)
     with forms.forms(**chosen):
         values = fit(train)
-        errs = row_errors([r for r in rows if r.table == held_out], transform_of(values))
+        errs = row_errors([r for r in rows if fold_of(r.table) == held_out], transform_of(values))
     return errs, Fold(held_out, inner, chosen)
 
 
@@ -85,7 +85,7 @@ def nested_cross_validate(rows: list[PublishedRow] | None = None,
     """Every table held out in turn, and the choice on every table. jobs > 1 runs the folds in that many
     processes (on the published training rows only: a worker rebuilds them)."""
     alternatives = alternatives or forms.ALTERNATIVES
-    tables: list[str | None] = list(dict.fromkeys(r.table for r in (rows or training_rows())))
+    tables: list[str | None] = list(dict.fromkeys(fold_of(r.table) for r in (rows or training_rows())))
     tasks = tables + [None]
     if jobs > 1 and rows is None:
         with ProcessPoolExecutor(max_workers=jobs) as pool:

@@ -38,6 +38,12 @@ def test_sources_count_publications_not_tables():
     assert source_of(constants.MEGATRON) == constants.MEGATRON
     compiled = constants.profile_constant("overheads.compile_speedup").fitted_on[constants.EVERY_GPU]
     assert len(compiled) == 3 and len({source_of(t) for t in compiled}) == 2
+    # the MoE rows: Megatron-Bridge's four model tables are one publication, the model zoo's and Megatron-LM's
+    # DeepSeek-V3 notes one each
+    assert [source_of(t) for t in constants.MOE_TABLES] == [constants.MEGATRON_BRIDGE_MOE] * 4 + [
+        constants.MOE_MODEL_ZOO, constants.MEGATRON_LM_GB200]
+    host = constants.profile_constant("overheads.moe_expert_host_s").fitted_on[constants.EVERY_GPU]
+    assert len({source_of(t) for t in host}) == 3
 
 
 def test_a_constant_fitted_for_every_gpu_reaches_every_gpu_profile_and_no_other():
@@ -148,7 +154,7 @@ def test_the_blackwell_rate_leaves_out_rows_of_unmeasured_kernels_only_under_tha
         measured = rate.fitted_on
     assert every[constants.BLACKWELL_CLASS] == constants.MOE_TABLES
     assert measured[constants.BLACKWELL_CLASS] == tuple(t for t in constants.MOE_TABLES if t != gpt_oss)
-    assert len(measured[constants.BLACKWELL_CLASS]) == 3
+    assert len(measured[constants.BLACKWELL_CLASS]) == 5
     for key in every:
         if key != constants.BLACKWELL_CLASS:
             assert every[key] == measured[key]

@@ -79,6 +79,15 @@ def test_published_moe_rows_sync_unless_their_recipe_graphs_the_whole_iteration(
     assert not full_iteration_graphs({"id": "mb-26.04.01-x", "gpu": "GB200", "precision": "MXFP8"})
     assert not full_iteration_graphs({"id": "mb-26.08-x", "gpu": "B200", "precision": "MXFP8"})
     assert not full_iteration_graphs({"id": "mlm-dsv3-x", "gpu": "GB200", "precision": "MXFP8"})
-    # one table per model: leaving a table out of the fit leaves a model out
+    # one table per publication and model: leaving a table out of the fit leaves that model of that page out
     assert {r.table for r in rows} == {f"Megatron-Bridge MoE: {m}" for m in
-                                       ("DeepSeek-V3", "GPT-OSS-120B", "Qwen3-30B-A3B", "Qwen3-235B-A22B")}
+                                       ("DeepSeek-V3", "GPT-OSS-120B", "Qwen3-30B-A3B", "Qwen3-235B-A22B")} | {
+        "Megatron-MoE-ModelZoo: Qwen3-235B-A22B", "Megatron-LM GB200 notes: DeepSeek-V3"}
+    # the ids' prefixes name the publication (moe_training_blackwell.csv's source column)
+    by_table = {}
+    for r in rows:
+        by_table.setdefault(r.table, []).append(r.label)
+    assert all("(mz-" in l for l in by_table["Megatron-MoE-ModelZoo: Qwen3-235B-A22B"])
+    assert len(by_table["Megatron-MoE-ModelZoo: Qwen3-235B-A22B"]) == 3
+    assert [l.split("(")[-1] for l in by_table["Megatron-LM GB200 notes: DeepSeek-V3"]] == [
+        "mlm-dsv3-gb200-256g-mxfp8-baseline)", "mlm-dsv3-gb200-256g-mxfp8-final)"]

@@ -8,6 +8,7 @@ import pytest
 import meshplan
 
 from meshplan.cost_models.validate import validation_results
+from meshplan.cost_models.constants import MEGATRON, MOE_TABLES
 
 PUBLISHED = Path(meshplan.__file__).parent / "data" / "published"
 
@@ -18,7 +19,7 @@ def results():
 
 
 def test_megatron_sc21_mean_error_within_10_percent(results):
-    rows = [r for r in results if r["table"].startswith("Megatron-LM")]
+    rows = [r for r in results if r["table"] == MEGATRON]
     assert len(rows) == 10
     mape = sum(abs(r["error"]) for r in rows) / len(rows)
     assert mape <= 0.10, mape
@@ -70,7 +71,7 @@ def test_torchtitan_mean_error_within_10_percent(results):
 
 
 def test_every_blackwell_moe_row_is_scored_or_says_why_not(results):
-    rows = [r for r in results if r["table"].startswith("Megatron-Bridge MoE")]
+    rows = [r for r in results if r["table"] in MOE_TABLES]
     assert len(rows) == _csv_rows("moe_training_blackwell.csv") == 67
     skipped = [r for r in rows if "skipped" in r]
     # 11 token-drop rows (capacity factor not printed) and the one the page footnotes as a regression
