@@ -15,7 +15,8 @@ def parser() -> ArgumentParser:
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--constants", action="store_true", help="every cost-model constant: value, source, and MAPE at its physical default")
     ap.add_argument("--cross", action="store_true", help="refit the fitted constants with each published table left out")
-    ap.add_argument("--save", action="store_true", help="with --cross: write the out-of-sample errors the estimate bands use")
+    ap.add_argument("--save", action="store_true", help="with --cross: write the out-of-sample errors the estimate bands use, and the "
+                    "fits with each source left out that --constants prints")
     ap.add_argument("--nested", action="store_true",
                     help="with --cross: choose the cost model's forms by nested cross-validation and score the held-out "
                          "tables (slow: one leave-one-table-out fit per table, form and alternative)")

@@ -7,10 +7,12 @@ figure a table printed: a throughput row's step-time error is published / predic
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Callable
 
 from meshplan.cost_models import constants
@@ -278,6 +280,13 @@ def leave_one_table_out(rows: list[PublishedRow]) -> tuple[list[RowError], dict[
     return errors, fitted_without
 
 
+def leave_one_source_out(rows: list[PublishedRow]) -> dict[str, dict[tuple[str, str], float]]:
+    """The constants fitted without each publication in turn (source_of): how far each fitted value rests on
+    any one source. A constant whose every row comes from the left-out source keeps no value there."""
+    return {src: fit([r for r in rows if source_of(r.table) != src])
+            for src in dict.fromkeys(source_of(r.table) for r in rows)}
+
+
 def cross_validate(rows: list[PublishedRow] | None = None) -> CrossResult:
     rows = rows or training_rows()
     fitted_all = fit(rows)
@@ -294,6 +303,7 @@ def cross_validate(rows: list[PublishedRow] | None = None) -> CrossResult:
 def constants_text() -> str:
     """`meshplan validate --constants`: every constant, its value and source, and what its physical default does."""
     base, base_mem, effects = constant_effects()
+    saved = saved_fits()
     lines = [f"step-time MAPE over the {base.rows} published training rows with every constant as shipped: "
              f"{base.mape:.1%} (bias {base.bias:+.1%}, {base.within_15}/{base.rows} within 15 %)"
              + (f"; memory MAPE {base_mem.mape:.1%} over {base_mem.rows} rows" if base_mem else ""),
@@ -304,6 +314,9 @@ def constants_text() -> str:
                      f"{mem:>9}  {e.worst_source}")
         lines.append(f"    source: {e.source}")
         lines.append(f"    fitted on: {e.fitted_on}")
+        for key, fitted in saved.items():
+            if key[0] == e.name:
+                lines.append(f"    left out by source (validate --cross --save): {leave_one_source_out_text(fitted)}")
     return "\n".join(lines)
 
 
@@ -376,18 +389,55 @@ def oos_document(result: CrossResult, rows: list[PublishedRow] | None = None) ->
             "rows": out}
 
 
-def save_oos(result: CrossResult) -> str:
-    import json
-    from pathlib import Path
+OOS_PATH = Path(__file__).parent.parent / "data" / "validation" / "oos_errors.json"
 
+
+def fits_document(result: CrossResult, by_source: dict[str, dict[tuple[str, str], float]]) -> list[dict]:
+    """Each fitted constant's value on every row, and without each source it was fitted on (None where that
+    source held all its rows): what `validate --constants` prints as its leave-one-source-out range."""
+    out = []
+    for t in fit_targets():
+        key = (t.constant.name, t.profile)
+        if key not in result.fitted_all:
+            continue
+        sources = dict.fromkeys(source_of(table) for table in t.tables)
+        out.append({"constant": key[0], "profile": key[1], "all": round(result.fitted_all[key], 6),
+                    "without_source": {s: (round(by_source[s][key], 6) if key in by_source.get(s, {}) else None)
+                                       for s in sources}})
+    return out
+
+
+def save_oos(result: CrossResult, rows: list[PublishedRow] | None = None) -> str:
     from meshplan.yamlio import atomic_write_text
 
-    path = Path(__file__).parent.parent / "data" / "validation" / "oos_errors.json"
-    atomic_write_text(path, json.dumps(oos_document(result), indent=1) + "\n")
-    return str(path)
+    rows = rows or training_rows()
+    doc = oos_document(result, rows)
+    doc["fits"] = fits_document(result, leave_one_source_out(rows))
+    atomic_write_text(OOS_PATH, json.dumps(doc, indent=1) + "\n")
+    return str(OOS_PATH)
+
+
+def saved_fits() -> dict[tuple[str, str], dict]:
+    """The fits `validate --cross --save` last wrote, by (constant, profile key); empty before any."""
+    if not OOS_PATH.is_file():
+        return {}
+    return {(f["constant"], f["profile"]): f for f in json.loads(OOS_PATH.read_text()).get("fits", [])}
+
+
+def leave_one_source_out_text(fitted: dict) -> str:
+    """One fitted constant's leave-one-source-out line, from saved_fits."""
+    kept = {s: v for s, v in fitted["without_source"].items() if v is not None}
+    parts = [f"{fitted['profile']}: {fitted['all']:.4g} on every source"]
+    if kept:
+        parts.append(f"{min(kept.values()):.4g} .. {max(kept.values()):.4g} leaving one of {len(kept)} out")
+    lost = [s for s, v in fitted["without_source"].items() if v is None]
+    if lost:
+        parts.append(f"no row left without {', '.join(lost)}")
+    return ", ".join(parts)
 
 
 def cross_report(save: bool = False) -> str:
     result = cross_validate()
     text = cross_text(result)
-    return text + (f"\nout-of-sample errors written to {save_oos(result)}" if save else "")
+    return text + (f"\nout-of-sample errors and leave-one-source-out fits written to {save_oos(result)}" if save
+                   else "")

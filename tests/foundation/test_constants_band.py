@@ -121,11 +121,15 @@ def test_saved_out_of_sample_errors_are_those_of_the_current_model():
     from meshplan.cost_models.crossval import cross_validate, oos_document
 
     saved = json.loads((Path(meshplan.__file__).parent / "data" / "validation" / "oos_errors.json").read_text())
-    fresh = oos_document(cross_validate())
+    result = cross_validate()
+    fresh = oos_document(result)
     assert [r["label"] for r in saved["rows"]] == [r["label"] for r in fresh["rows"]]
     for old, new in zip(saved["rows"], fresh["rows"]):
         assert old["oos_step_error"] == pytest.approx(new["oos_step_error"], abs=1e-4), old["label"]
         assert old["published_mfu"] == pytest.approx(new["published_mfu"], rel=1e-4), old["label"]
+    # the fits `validate --constants` prints its leave-one-source-out ranges beside, written by the same run
+    fits = {(f["constant"], f["profile"]): f["all"] for f in saved["fits"]}
+    assert fits == pytest.approx({k: round(v, 6) for k, v in result.fitted_all.items()}, rel=1e-4)
 
 
 def test_every_gpu_profile_ships_the_sustained_fraction_its_record_gives():
@@ -161,3 +165,30 @@ def test_the_blackwell_rate_leaves_out_rows_of_unmeasured_kernels_only_under_tha
     # a constant that is not a device rate keeps GPT-OSS's rows under either form
     host = constants.profile_constant("overheads.moe_expert_host_s")
     assert gpt_oss in host.fitted_on[constants.EVERY_GPU]
+
+
+def test_leave_one_source_out_line_says_where_a_constant_has_no_row_left():
+    """A constant fitted on one source keeps no value without it; the range spans the sources it keeps."""
+    from meshplan.cost_models.crossval import leave_one_source_out_text
+
+    single = {"profile": "h100-96g-gt", "all": 0.2674, "without_source": {"TorchTitan H100": None}}
+    assert leave_one_source_out_text(single) == "h100-96g-gt: 0.2674 on every source, no row left without TorchTitan H100"
+    three = {"profile": "every GPU profile", "all": 1.8, "without_source": {"a": 1.5, "b": 2.1, "c": None}}
+    assert leave_one_source_out_text(three) == ("every GPU profile: 1.8 on every source, 1.5 .. 2.1 leaving one of 2 "
+                                                "out, no row left without c")
+
+
+def test_saved_fits_leave_a_single_source_constant_nothing_and_a_shared_one_a_value():
+    """The saved leave-one-source-out fits against the tables each constant declares (constants.py): async TP's
+    share rests on TorchTitan's Table 4 alone, so leaving TorchTitan out leaves it no row; the Blackwell rate
+    rests on three MoE publications, and leaving any one out still fits it."""
+    from meshplan.cost_models.crossval import saved_fits, source_of
+
+    fits = saved_fits()
+    tp = fits[("overheads.tp_async_overlap", "h100-96g-gt")]
+    assert tp["without_source"] == {"TorchTitan H100": None}
+    rate = fits[("device.sustained_fraction", constants.BLACKWELL_CLASS)]
+    declared = {source_of(t) for t in constants.profile_constant("device.sustained_fraction").fitted_on[
+        constants.BLACKWELL_CLASS]}
+    assert set(rate["without_source"]) == declared and len(declared) == 3
+    assert all(0.5 <= v <= 1.0 for v in rate["without_source"].values())
