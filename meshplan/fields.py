@@ -23,7 +23,8 @@ def reject_unknown(data: Mapping[str, Any], known: Iterable[str], where: str) ->
             raise InputError(f"{prefix}{key}", f"unknown field; valid fields: {', '.join(known)}")
 
 
-def as_int(value: Any, field: str, minimum: int | None = None, allow_auto: bool = False) -> Any:
+def as_int(value: Any, field: str, minimum: int | None = None, allow_auto: bool = False,
+           maximum: int | None = None) -> Any:
     if allow_auto and value == AUTO:
         return AUTO
     if isinstance(value, bool) or not isinstance(value, int):
@@ -34,6 +35,8 @@ def as_int(value: Any, field: str, minimum: int | None = None, allow_auto: bool 
             raise InputError(field, f"must be an integer{hint}, got {value!r}")
     if minimum is not None and value < minimum:
         raise InputError(field, f"must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InputError(field, f"must be <= {maximum}, got {value}")
     return value
 
 

@@ -12,6 +12,9 @@ from meshplan.specs.moe import MLASpec, MoESpec
 
 ARCHS = ("llama", "gpt")
 # Fields a dense GQA model leaves at their defaults; to_dict omits them there, so dense specs read as before.
+# The cost model and the parameter count walk a model's blocks one by one (block_kinds, param_count), so a
+# depth must be one a model can have: the deepest built-in has 126 blocks, published LLMs a few hundred.
+MAX_LAYERS = 10_000
 OPTIONAL_FIELDS = {"attention_head_dim": None, "qk_norm": False, "attention_bias": False, "attention_sinks": False,
                    "sliding_window": None, "full_attention_every": 0, "mla": None, "moe": None}
 
@@ -208,7 +211,7 @@ class ModelSpec:
         n_heads = as_int(data["n_heads"], f"{field}.n_heads", 1)
         dim = as_int(data["dim"], f"{field}.dim", 1)
         n_kv = as_int(data.get("n_kv_heads", n_heads), f"{field}.n_kv_heads", 1)
-        n_layers = as_int(data["n_layers"], f"{field}.n_layers", 1)
+        n_layers = as_int(data["n_layers"], f"{field}.n_layers", 1, maximum=MAX_LAYERS)
         if dim % n_heads:
             raise InputError(f"{field}.dim", f"must be divisible by n_heads ({n_heads}), got {dim}")
         if n_heads % n_kv:

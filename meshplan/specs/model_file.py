@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from meshplan.errors import InputError
 from meshplan.fields import as_bool, as_float, as_int, require_mapping
-from meshplan.specs.model import ModelSpec
+from meshplan.specs.model import MAX_LAYERS, ModelSpec
 from meshplan.specs.moe import MLASpec
 from meshplan.yamlio import load_yaml_file
 
@@ -54,7 +54,8 @@ def from_hf_config(cfg: Mapping[str, Any], name: str, field: str = "model") -> M
         "name": str(cfg.get("_name_or_path") or name or "hf-model"),
         "arch": arch,
         "dim": dim,
-        "n_layers": as_int(_get(cfg, ("num_hidden_layers", "n_layer"), field), f"{field}.num_hidden_layers", 1),
+        "n_layers": as_int(_get(cfg, ("num_hidden_layers", "n_layer"), field), f"{field}.num_hidden_layers", 1,
+                           maximum=MAX_LAYERS),
         "n_heads": heads,
         "n_kv_heads": kv,
         "ffn_dim": ffn,

@@ -12,6 +12,11 @@ from meshplan.fields import as_bool, as_choice, as_int, reject_unknown, require_
 
 ROUTERS = ("softmax", "sigmoid")  # Mixtral, Qwen3, GPT-OSS: softmax over experts; DeepSeek-V3: sigmoid
 LOAD_BALANCE = ("aux_loss", "bias")  # an auxiliary loss, or DeepSeek-V3's aux-loss-free expert bias
+# Bounds a router can have: the widest published MoE routes among 384 experts (Kimi-K2), the most per token 8
+# of them; the cost model counts a token's destination nodes with math.comb(experts, top_k) (moe.py), which
+# beyond these would run for hours on a malformed file.
+MAX_EXPERTS = 65_536
+MAX_TOP_K = 1_024
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,8 @@ class MoESpec:
         for key in ("experts", "top_k", "expert_ffn_dim"):
             if key not in data:
                 raise InputError(f"{field}.{key}", "is required")
-        experts = as_int(data["experts"], f"{field}.experts", 1)
-        top_k = as_int(data["top_k"], f"{field}.top_k", 1)
+        experts = as_int(data["experts"], f"{field}.experts", 1, maximum=MAX_EXPERTS)
+        top_k = as_int(data["top_k"], f"{field}.top_k", 1, maximum=MAX_TOP_K)
         if top_k > experts:
             raise InputError(f"{field}.top_k", f"must be at most experts ({experts}), got {top_k}")
         return cls(experts=experts, top_k=top_k,

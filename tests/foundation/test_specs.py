@@ -50,6 +50,12 @@ def test_hf_config_import_matches_registry(tmp_path):
     ({"name": "m", "dim": 60, "n_layers": 2, "n_heads": 7, "ffn_dim": 8, "vocab_size": 10}, "model.dim"),
     ({"name": "m", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 3, "ffn_dim": 8, "vocab_size": 10}, "model.n_kv_heads"),
     ({"name": "m", "dim": 64, "n_layers": 0, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10}, "model.n_layers"),
+    # a depth the cost model would walk block by block for ever (the CLI fuzz test drew 10**30)
+    ({"name": "m", "dim": 64, "n_layers": 10**30, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10}, "model.n_layers"),
+    ({"name": "m", "dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10,
+      "moe": {"experts": 10**30, "top_k": 2, "expert_ffn_dim": 8}}, "model.moe.experts"),
+    ({"name": "m", "dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10,
+      "moe": {"experts": 60000, "top_k": 30000, "expert_ffn_dim": 8}}, "model.moe.top_k"),
     ({"name": "m", "arch": "rnn", "dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10}, "model.arch"),
     ({"dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10}, "model.name"),
     ({"name": "m", "dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10, "colour": 1}, "model.colour"),
@@ -60,6 +66,18 @@ def test_bad_model_specs_name_the_field(bad, field):
     assert e.value.field == field
 
 
-def test_unknown_model_lists_valid_names():
-    with pytest.raises(InputError, match="llama3-70b"):
-        resolve_model("llama9000b")
+@pytest.mark.timeout(60)
+def test_the_deepest_and_widest_allowed_models_are_read_and_counted_at_once():
+    """At the bounds a model is still read and counted quickly: parameters grow by one block per block (10,000
+    of them), and a token's destination nodes among 65,536 experts choosing 1,024 lie between 0 and the
+    other nodes' count."""
+    from meshplan.cost_models.moe import remote_nodes_per_token
+    from meshplan.specs.model import MAX_LAYERS
+    from meshplan.specs.moe import MAX_EXPERTS, MAX_TOP_K
+
+    base = {"name": "m", "dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10}
+    two, deep = resolve_model(base), resolve_model({**base, "n_layers": MAX_LAYERS})
+    assert deep.num_params() - two.num_params() == (MAX_LAYERS - 2) * two.block_params(0)
+    wide = resolve_model({**base, "moe": {"experts": MAX_EXPERTS, "top_k": MAX_TOP_K, "expert_ffn_dim": 8}})
+    assert (wide.moe.experts, wide.moe.top_k) == (MAX_EXPERTS, MAX_TOP_K)
+    assert 0.0 < remote_nodes_per_token(MAX_EXPERTS, MAX_TOP_K, 8) <= 7.0

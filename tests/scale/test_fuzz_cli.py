@@ -16,6 +16,7 @@ import io
 import itertools
 import json
 import os
+import signal
 import traceback
 from pathlib import Path
 from typing import Any
@@ -68,13 +69,39 @@ def env(tmp_path_factory):
         yield {"tmp": tmp, "good": good, "launched": launched, "planner": planner_available()}
 
 
+# CPU seconds one call may take. A call here takes well under one; a loop that never ends (a depth of 10**30
+# blocks walked one by one did) must fail as that example, not run on: pytest-timeout's alarm fails the test
+# once, hypothesis then shrinks the failure by running the endless example again, and no alarm is left.
+CALL_CPU_S = 60
+
+
+class CallTooLong(BaseException):
+    """Raised into a call that overran CALL_CPU_S: a BaseException, so no `except Exception` in the CLI
+    turns it into an exit-2 line."""
+
+
+@contextlib.contextmanager
+def cpu_limit(seconds: float):
+    """Raise CallTooLong in this thread once it has used `seconds` of CPU time (ITIMER_VIRTUAL and SIGVTALRM,
+    apart from the SIGALRM pytest-timeout arms)."""
+    def overran(_signum, _frame):
+        raise CallTooLong(f"over {seconds} CPU seconds")
+    previous = signal.signal(signal.SIGVTALRM, overran)
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.signal(signal.SIGVTALRM, previous)
+
+
 def invoke(argv: list[str], must_not_exist: list[Path] = ()) -> int:
-    """Run the CLI in process; fail on a traceback, an exit code other than 0/2, a multi-line error
-    or a file written by a failing command."""
+    """Run the CLI in process; fail on a traceback, an exit code other than 0/2, a multi-line error,
+    a file written by a failing command, or a call that runs past CALL_CPU_S."""
     COUNT["examples"] += 1
     out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        with cpu_limit(CALL_CPU_S), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli_main(list(argv))
     except SystemExit as exc:
         code = exc.code
@@ -281,6 +308,17 @@ def test_malformed_token_files(env, data, dtype):
     # seq_len 32: a file shorter than 34 tokens can never be valid.
     if len(data) < 34 * 2:
         assert code == 2
+
+
+def test_a_call_that_never_ends_fails_as_its_example():
+    """cpu_limit stops a loop that does not end, with an exception the CLI's handlers do not catch."""
+    with pytest.raises(CallTooLong):
+        with cpu_limit(0.2):
+            try:
+                while True:
+                    pass
+            except Exception:  # what a catch-all in the CLI would do
+                pytest.fail("CallTooLong was caught as an Exception")
 
 
 def test_zz_enough_examples(env):
