@@ -66,6 +66,11 @@ def test_bad_model_specs_name_the_field(bad, field):
     assert e.value.field == field
 
 
+def test_unknown_model_lists_valid_names():
+    with pytest.raises(InputError, match="llama3-70b"):
+        resolve_model("llama9000b")
+
+
 @pytest.mark.timeout(60)
 def test_the_deepest_and_widest_allowed_models_are_read_and_counted_at_once():
     """At the bounds a model is still read and counted quickly: parameters grow by one block per block (10,000
