@@ -30,13 +30,21 @@ MEGATRON_BRIDGE_MOE = "Megatron-Bridge MoE"
 MOE_MODEL_ZOO = "Megatron-MoE-ModelZoo"
 MEGATRON_LM_GB200 = "Megatron-LM GB200 notes"
 MOE_SOURCES = (MEGATRON_BRIDGE_MOE, MOE_MODEL_ZOO, MEGATRON_LM_GB200)
-MOE_TABLES = tuple(f"{MEGATRON_BRIDGE_MOE}: {m}" for m in ("DeepSeek-V3", "GPT-OSS-120B", "Qwen3-30B-A3B",
-                                                            "Qwen3-235B-A22B")) + (
-    f"{MOE_MODEL_ZOO}: Qwen3-235B-A22B", f"{MEGATRON_LM_GB200}: DeepSeek-V3")
+MOE_TABLE_SEPARATOR = ": "
+
+
+def moe_table(source: str, model: str) -> str:
+    """An MoE table's name: its publication, then its model (crossval.moe_source_and_model reads it back)."""
+    return f"{source}{MOE_TABLE_SEPARATOR}{model}"
+
+
+MOE_TABLES = tuple(moe_table(MEGATRON_BRIDGE_MOE, m) for m in ("DeepSeek-V3", "GPT-OSS-120B", "Qwen3-30B-A3B",
+                                                                "Qwen3-235B-A22B")) + (
+    moe_table(MOE_MODEL_ZOO, "Qwen3-235B-A22B"), moe_table(MEGATRON_LM_GB200, "DeepSeek-V3"))
 # Tables whose rows run a kernel no profile prices from a measurement: GPT-OSS's attention with learnable sinks
 # (softmax_type "learnable" in Megatron-Bridge's GPT-OSS bridge). Rate constants leave them out under
 # forms.py rate_rows "measured_kernels".
-UNMEASURED_KERNEL_TABLES = (f"{MEGATRON_BRIDGE_MOE}: GPT-OSS-120B",)
+UNMEASURED_KERNEL_TABLES = (moe_table(MEGATRON_BRIDGE_MOE, "GPT-OSS-120B"),)
 
 
 def const(value: float, physical: float, source: str, fitted_on: tuple[str, ...] = ()) -> float:

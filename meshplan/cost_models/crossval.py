@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from meshplan.cost_models import constants
-from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MOE_SOURCES, PROFILE_CONSTANTS,
-                                            ProfileConstant, fitted_profiles)
+from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MOE_SOURCES, MOE_TABLE_SEPARATOR,
+                                            PROFILE_CONSTANTS, ProfileConstant, fitted_profiles)
 from meshplan.cost_models.published import PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
@@ -149,8 +149,9 @@ def constant_effects(rows: list[PublishedRow] | None = None) -> tuple[Score, Sco
 def source_of(table: str) -> str:
     """The publication a table comes from: TorchTitan's six tables are one source, and each MoE publication's
     tables, one per model, another (constants.MOE_SOURCES)."""
-    if is_moe_source(table):
-        return table.split(": ")[0]
+    moe = moe_source_and_model(table)
+    if moe:
+        return moe[0]
     return re.sub(r" \(Table \d+\)$", "", table)
 
 
@@ -266,7 +267,8 @@ def fold_of(table: str) -> str:
     """What is held out with a table: itself, but for the MoE tables their model, whichever publication
     printed it (Megatron-Bridge's pages, the model zoo and Megatron-LM's notes print the same models), so
     that leaving a fold out leaves a model out and no fit sees that model's runs."""
-    return table.split(": ", 1)[1] if is_moe_source(table) else table
+    moe = moe_source_and_model(table)
+    return moe[1] if moe else table
 
 
 def leave_one_table_out(rows: list[PublishedRow]) -> tuple[list[RowError], dict[str, dict[tuple[str, str], float]]]:
@@ -338,8 +340,14 @@ def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = Fal
     return lines
 
 
+def moe_source_and_model(table: str) -> tuple[str, str] | None:
+    """(publication, model) of an MoE table (constants.moe_table), or None for any other table."""
+    source, sep, model = table.partition(MOE_TABLE_SEPARATOR)
+    return (source, model) if sep and source in MOE_SOURCES else None
+
+
 def is_moe_source(source: str) -> bool:
-    return source.split(": ")[0] in MOE_SOURCES
+    return moe_source_and_model(source) is not None
 
 
 def _worst_memory(errs: list[RowError]) -> str:
@@ -407,10 +415,9 @@ def fits_document(result: CrossResult, by_source: dict[str, dict[tuple[str, str]
     return out
 
 
-def save_oos(result: CrossResult, rows: list[PublishedRow] | None = None) -> str:
+def save_oos(result: CrossResult, rows: list[PublishedRow]) -> str:
     from meshplan.yamlio import atomic_write_text
 
-    rows = rows or training_rows()
     doc = oos_document(result, rows)
     doc["fits"] = fits_document(result, leave_one_source_out(rows))
     atomic_write_text(OOS_PATH, json.dumps(doc, indent=1) + "\n")
@@ -437,7 +444,8 @@ def leave_one_source_out_text(fitted: dict) -> str:
 
 
 def cross_report(save: bool = False) -> str:
-    result = cross_validate()
+    rows = training_rows()
+    result = cross_validate(rows)
     text = cross_text(result)
-    return text + (f"\nout-of-sample errors and leave-one-source-out fits written to {save_oos(result)}" if save
-                   else "")
+    return text + (f"\nout-of-sample errors and leave-one-source-out fits written to {save_oos(result, rows)}"
+                   if save else "")

@@ -21,8 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from meshplan.cost_models import forms
-from meshplan.cost_models.crossval import (RowError, _objective, _score_lines, fit, fold_of, leave_one_table_out, row_errors,
-                                           training_rows, transform_of)
+from meshplan.cost_models.crossval import (RowError, _objective, _score_lines, fit, fold_of, leave_one_table_out,
+                                           row_errors, training_rows, transform_of)
 from meshplan.cost_models.published import PublishedRow
 
 

@@ -67,7 +67,8 @@ import re
 from dataclasses import dataclass, field, replace
 from importlib import resources
 
-from meshplan.cost_models.constants import IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, MEGATRON_LM_GB200, MOE_MODEL_ZOO
+from meshplan.cost_models.constants import (IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, MEGATRON_LM_GB200, MOE_MODEL_ZOO,
+                                            moe_table)
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
@@ -290,9 +291,9 @@ def ep_dispatch(row: dict[str, str]) -> str:
 MOE_SOURCE_BY_PREFIX = {"mb": MEGATRON_BRIDGE_MOE, "mz": MOE_MODEL_ZOO, "mlm": MEGATRON_LM_GB200}
 
 
-def moe_table(row: dict[str, str]) -> str:
+def moe_row_table(row: dict[str, str]) -> str:
     """The validation table of a row: its publication and model (constants.MOE_TABLES)."""
-    return f"{MOE_SOURCE_BY_PREFIX[row['id'].split('-')[0]]}: {row['model']}"
+    return moe_table(MOE_SOURCE_BY_PREFIX[row["id"].split("-")[0]], row["model"])
 
 
 def moe_blackwell_rows() -> list[PublishedRow]:
@@ -325,7 +326,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
         # 32.6 in the later MXFP8 ones; data/published README). Megatron-LM's and the model zoo's rows print TFLOP/s alone.
         metric, value = (("tokens_per_s_per_gpu", r["tokens_per_s_per_gpu"]) if r["tokens_per_s_per_gpu"]
                          else ("mcore_tflops_per_gpu", r["tflops_per_gpu"]))
-        rows.append(PublishedRow(moe_table(r), label, plan, metric, float(value),
+        rows.append(PublishedRow(moe_row_table(r), label, plan, metric, float(value),
                                  skipped=skipped,
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r),
                                                    "moe_host_sync": not full_iteration_graphs(r)}))
