@@ -131,6 +131,11 @@ class Layout:
     # feed and drain (Transformer Engine's userbuffers comm-GEMM overlap, Megatron-Core's tp_comm_overlap):
     # timing._async_tp_exposed.
     tp_comm_overlap: bool = False
+    # Whether pipeline receive buffers are allocated up front for every micro-batch (torch.distributed.pipelining,
+    # which meshplan's runtime and TorchTitan run: memory.rank_memory's pp_buffers) or per transfer, the
+    # received tensor becoming the stage input its activations already count (Megatron-Core's p2p_communication
+    # allocates each receive in _communicate).
+    pp_recv_up_front: bool = True
 
     @property
     def loss_compiled(self) -> bool:

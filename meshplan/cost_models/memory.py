@@ -128,7 +128,7 @@ def _rank_basis(lay: Layout, rank: int) -> _RankBasis:
                                     for k, _ in sp.kinds) if sp.kinds else 0.0
     saved = loss_saved_bytes(lay) if sp.head and lay.pp > 1 else 0.0
     pp_buffers = 0.0
-    if lay.pp > 1:
+    if lay.pp > 1 and lay.pp_recv_up_front:
         hidden = tokens * lay.hidden_bytes_per_token
         receiving = 2 * lay.v - (1 if sp.embedding else 0) - (1 if sp.head else 0)
         pp_buffers = lay.n_micro * hidden * receiving
@@ -165,8 +165,10 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     if lay.pp > 1:
         # torch.distributed.pipelining allocates receive buffers for every micro-batch up front:
         # the stage input in forward and its gradient in backward, for each stage on this rank.
-        # The first stage receives no input and the last no gradient.
-        mem.parts["pp_buffers"] = b.pp_buffers
+        # The first stage receives no input and the last no gradient. A stack that allocates each receive
+        # when it is posted (Layout.pp_recv_up_front False) holds none beyond the activations.
+        if lay.pp_recv_up_front:
+            mem.parts["pp_buffers"] = b.pp_buffers
         if kept:
             # The logits of micro-batches whose loss graph is alive are counted with it already.
             current = losses * b.logits if sp.head else 0.0

@@ -31,6 +31,7 @@ class Stack:
     cp_ring_overlap: bool = False  # Layout.cp_ring_overlap: each ring step's K/V exchange under a step's attention
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap: SP's collectives chunk by chunk under their GEMMs
     attention_kernel: str = "cudnn"  # Layout.attention_kernel
+    pp_recv_up_front: bool = True  # Layout.pp_recv_up_front: a receive buffer per micro-batch, allocated up front
 
 
 STACKS: dict[str, Stack] = {
@@ -83,9 +84,13 @@ STACKS: dict[str, Stack] = {
          "tp chunks exchanged under the GEMM chunks they feed or drain, te.module.base initialize_ub)",
          "cuDNN's fused attention on Hopper and newer: Transformer Engine's DotProductAttention drops "
          "FlashAttention 'to give FusedAttention preference on Hopper+ for performance reasons' "
-         "(dot_product_attention/utils.py get_attention_backend); FlashAttention-2 on Ampere"),
+         "(dot_product_attention/utils.py get_attention_backend); FlashAttention-2 on Ampere",
+         "pipeline receive buffers allocated per transfer, not up front for every micro-batch: P2PCommunicator."
+         "_communicate creates each receive tensor with torch.empty when it is posted "
+         "(pipeline_parallel/p2p_communication.py), and the tensor received is the stage's input"),
         elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False, optimizer_foreach=False,
-        moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True, attention_kernel="cudnn"),
+        moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True, attention_kernel="cudnn",
+        pp_recv_up_front=False),
 }
 
 

@@ -246,3 +246,21 @@ def test_deepep_on_a_stack_without_it_is_refused_before_ep_is_chosen():
     with pytest.raises(InputError) as err:
         plan_from_dict(moe)
     assert str(err.value).startswith("parallel.ep_dispatch: must be all_to_all on stack meshplan")
+
+
+def test_pipeline_receive_buffers_are_allocated_up_front_by_pytorchs_pipelining_alone():
+    """PP 4 over 32 GPUs (dp_shard 8), 256 sequences at micro-batch 1: 32 micro-batches a step. PyTorch's
+    pipelining (meshplan, TorchTitan) allocates a receive buffer per micro-batch up front, the input in
+    forward and its gradient in backward: a middle rank holds 2 x 32 hidden states of 8192 tokens x 4096
+    x 2 bytes = 4 GiB, the first rank (no input) half that. Megatron-Core allocates each receive when it is
+    posted (Layout.pp_recv_up_front), so none of that is its."""
+    raw = {**RAW, "parallel": {**RAW["parallel"], "dp_shard": 8, "pp": 4}}
+    hidden_state = 8192 * 4096 * 2 / 2**30
+    buffers = {}
+    for stack in ("meshplan", "torchtitan", "megatron-core"):
+        est = estimate_plan(plan_from_dict({**raw, "stack": stack}), PROFILE)
+        buffers[stack] = [r.get("pp_buffers", 0.0) for r in est.per_rank_memory_gib]
+    for stack in ("meshplan", "torchtitan"):
+        assert buffers[stack] == pytest.approx([32 * hidden_state, 64 * hidden_state, 64 * hidden_state,
+                                                32 * hidden_state])
+    assert buffers["megatron-core"] == [0.0] * 4
