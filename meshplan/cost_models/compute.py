@@ -4,6 +4,7 @@ and memory-bound elementwise work by bytes moved."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -100,35 +101,91 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
     Points without a `kernel` are the kernel PyTorch's SDPA runs on the part; `kernel` picks the points
     tagged with it where the profile has them (cuDNN's, for Transformer Engine on an H100), else those.
     """
-    dtype = compute_dtype(dtype, device)
     att = device.attention
+    if dtype in ATTENTION_DTYPES and not any(p.get("dtype") == dtype for p in att.points):
+        dtype = "bf16"  # the block's dtype under a block-scaled fp8 recipe
+    dtype = dtype if dtype in ATTENTION_DTYPES else compute_dtype(dtype, device)
     key = "bwd_tflops" if backward else "tflops"
     windowed = window is not None and window < seq_len
     points = [p for p in att.points if p.get("dtype", dtype) == dtype and key in p]
     tagged = [p for p in points if kernel is not None and p.get("kernel") == kernel]
     points = tagged or [p for p in points if "kernel" not in p]
-    if windowed and any("window" in p for p in points):
-        return device.sustained_fraction * _by_head(
-            [p for p in points if "window" in p], "window", key, window, head_dim)
+    exp = _ExpBound(_flops_per_exp(device, dtype), backward)
+    window_points = [p for p in points if "window" in p]
+    if windowed and window_points:
+        # One window measured at several lengths: a kernel whose time grows with the sequence, not the
+        # window (cuDNN's MXFP8 backward of GPT-OSS's 128-key window, 0.64 ms at 2k to 27.9 ms at 16k,
+        # the square of the length: it runs every causal tile), priced by the length.
+        along, at = (("seq_len", seq_len) if len({p["window"] for p in window_points}) == 1
+                     and len({p["seq_len"] for p in window_points}) > 1 else ("window", window))
+        return device.sustained_fraction * _by_head(window_points, along, key, at, head_dim, exp)
     length = min(seq_len, 2.0 * window) if windowed else seq_len
     points = [p for p in points if "window" not in p]
     if points:
-        return device.sustained_fraction * _by_head(points, "seq_len", key, length, head_dim)
+        return device.sustained_fraction * _by_head(points, "seq_len", key, length, head_dim, exp)
     if backward:
         return att.backward_ratio * attention_tflops(device, length, dtype, head_dim, kernel=kernel)
     peak = device.peak_tflops[dtype]
     return device.sustained_fraction * peak * att.max_fraction * length / (length + att.half_seq)
 
 
-def _by_head(points: list[dict], along: str, key: str, at: float, head_dim: float) -> float:
+# Attention dtypes beyond the compute dtypes: block-scaled fp8 (MXFP8), as Transformer Engine runs attention
+# under an MXFP8 recipe with fp8_dot_product_attention (Layout.attention_dtype), on the fp8 tensor cores. A part
+# prices one only from its own measured points; without them attention is priced as bf16, the recipe's
+# compute dtype.
+ATTENTION_DTYPES = {"mxfp8": "fp8"}
+
+
+def _flops_per_exp(device: Device, dtype: str) -> float | None:
+    """The part's tensor FLOPs per exponential at this dtype: flops_per_exp is bf16's; fp8 tensor cores do
+    twice the FLOPs a clock beside the same special-function units (their peaks' ratio)."""
+    base = device.attention.flops_per_exp
+    tensor = ATTENTION_DTYPES.get(dtype, dtype)
+    if base is None or tensor not in device.peak_tflops or "bf16" not in device.peak_tflops:
+        return base
+    return base * device.peak_tflops[tensor] / device.peak_tflops["bf16"]
+
+
+# Tensor-core FLOPs per score of fused causal attention, per unit of head width: QK^T and PV forward (2 + 2);
+# the backward recomputes QK^T and runs dV, dP, dQ and dK (2 + 2 + 2 + 2 + 2), the 2.5x of the FLOP convention.
+# Each score takes one exponential either way (the backward recomputes P).
+SCORE_FLOPS_PER_HEAD_DIM = {False: 4.0, True: 10.0}
+
+
+@dataclass(frozen=True)
+class _ExpBound:
+    """A fused attention kernel's time per score as tensor-core work plus one exponential on the
+    special-function units, in tensor-FLOP units: c x head_dim + flops_per_exp (flops_per_exp None: unknown).
+    Halving the head halves the FLOPs a score carries but not its exponential, so narrow heads run at a lower
+    FLOP rate, the more so where tensor cores outrun the SFUs: FlashAttention-4 names the exponential the
+    forward's bottleneck on a B200, whose tensor FLOPs doubled over the H100's at the same 16 exponentials a
+    clock per SM (together.ai/blog/flashattention-4, 2026-03-05)."""
+
+    flops_per_exp: float | None
+    backward: bool
+
+    def rate_ratio(self, head_dim: float, measured: float) -> float:
+        """The FLOP rate at `head_dim` over that at the `measured` width: (h / h0) x t(h0) / t(h)."""
+        if self.flops_per_exp is None:
+            return 1.0
+        c = SCORE_FLOPS_PER_HEAD_DIM[self.backward]
+        return head_dim / measured * (c * measured + self.flops_per_exp) / (c * head_dim + self.flops_per_exp)
+
+
+def _by_head(points: list[dict], along: str, key: str, at: float, head_dim: float,
+             exp: _ExpBound = _ExpBound(None, False)) -> float:
     """The measured rate at `at` along `along` (seq_len or window) for each measured head width, then
-    linear in log2(head_dim) between them, held flat beyond."""
+    linear in log2(head_dim) between them; below the narrowest, its rate scaled by the exponential's share
+    of a score's time (_ExpBound; flat where the part's flops_per_exp is unknown); above the widest, flat:
+    wide heads meet other limits (cuDNN's GB200 MLA heads, 192 wide, ran at head 128's forward rate and
+    below its backward, data/published/attention_cudnn_sdpa.csv, where the exponential alone says faster)."""
     by_head: dict[float, list[dict]] = {}
     for p in points:
         by_head.setdefault(float(p.get("head_dim", head_dim)), []).append(p)
     heads = sorted(by_head)
     rates = [_along(by_head[h], along, key, at) for h in heads]
-    return float(np.interp(math.log2(max(head_dim, 1.0)), np.log2(heads), rates))
+    scale = exp.rate_ratio(head_dim, heads[0]) if head_dim < heads[0] else 1.0
+    return scale * float(np.interp(math.log2(max(head_dim, 1.0)), np.log2(heads), rates))
 
 
 def _along(points: list[dict], along: str, key: str, at: float) -> float:

@@ -136,6 +136,10 @@ class Layout:
     # received tensor becoming the stage input its activations already count (Megatron-Core's p2p_communication
     # allocates each receive in _communicate).
     pp_recv_up_front: bool = True
+    # The dtype attention's kernels run in, where a published row's recipe ran them in another than the
+    # block's (Megatron-Bridge's full-iteration MXFP8 recipes set fp8_dot_product_attention: "mxfp8",
+    # compute.ATTENTION_DTYPES); None: the plan's dtype, as meshplan's runtime runs SDPA.
+    attention_dtype: str | None = None
 
     @property
     def loss_compiled(self) -> bool:

@@ -242,6 +242,19 @@ def full_iteration_graphs(row: dict[str, str]) -> bool:
         and row["precision"] == "MXFP8"
 
 
+# Models whose full-iteration MXFP8 recipe ran attention in MXFP8 (fp8_dot_product_attention=True in
+# Megatron-Bridge v0.5.0's gpt_oss_ and qwen3_workload_base_configs.py, GPT_OSS_120B_ / QWEN3_235B_A22B_ /
+# QWEN3_30B_A3B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 and _V1; v0.6.0 perf_recipes/gpt_oss and qwen common.py alike).
+# DeepSeek-V3's GB200 recipe leaves it off (perf_recipes/deepseek/common.py: False unless its caller sets it,
+# which only the B300 and GB300 recipes do).
+MXFP8_ATTENTION_MODELS = ("GPT-OSS-120B", "Qwen3-30B-A3B", "Qwen3-235B-A22B")
+
+
+def attention_dtype(row: dict[str, str]) -> str | None:
+    """The dtype a Megatron-Bridge MoE row's attention ran in where not the block's (Layout.attention_dtype)."""
+    return "mxfp8" if full_iteration_graphs(row) and row["model"] in MXFP8_ATTENTION_MODELS else None
+
+
 def ep_overlapped(row: dict[str, str]) -> bool:
     """Whether a Megatron-Bridge MoE row's recipe overlapped its all-to-alls (EP_OVERLAP_ROWS). Megatron-LM
     and MoE model-zoo rows: their recipes are not read, and Megatron's default is off."""
@@ -329,7 +342,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
         rows.append(PublishedRow(moe_row_table(r), label, plan, metric, float(value),
                                  skipped=skipped,
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r),
-                                                   "moe_host_sync": not full_iteration_graphs(r)}))
+                                                   "moe_host_sync": not full_iteration_graphs(r),
+                                                   "attention_dtype": attention_dtype(r)}))
     return rows
 
 

@@ -154,8 +154,9 @@ def block_compute(lay: Layout, prof: ClusterProfile, layer: int | None = None) -
     else:
         att_flops = attention_flops_per_token(spec, lay.seq_len, causal=True, layer=layer) * T / lay.tp
         window, kernel = spec.attention_window(layer), lay.attention_kernel
-        fwd_rate = attention_tflops(dev, lay.seq_len, lay.dtype, spec.head_dim, window=window, kernel=kernel)
-        bwd_rate = attention_tflops(dev, lay.seq_len, lay.dtype, spec.head_dim, backward=True, window=window,
+        att_dtype = lay.attention_dtype or lay.dtype
+        fwd_rate = attention_tflops(dev, lay.seq_len, att_dtype, spec.head_dim, window=window, kernel=kernel)
+        bwd_rate = attention_tflops(dev, lay.seq_len, att_dtype, spec.head_dim, backward=True, window=window,
                                     kernel=kernel)
         att_fwd = att_flops / (fwd_rate * 1e12) / eff
         att_bwd = K.attention_backward_factor * att_flops / (bwd_rate * 1e12) / eff

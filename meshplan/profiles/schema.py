@@ -40,6 +40,10 @@ class AttentionModel:
     half_seq: float = 1024.0
     backward_ratio: float = 0.75  # backward kernels run at this fraction of the forward's throughput
     points: list[dict[str, Any]] = field(default_factory=list)
+    # Dense bf16 tensor-core FLOPs per exponential the special-function units issue in the same time (the
+    # softmax's one exp per score): the part's tensor FLOPs per clock per SM over its 16 exp per clock per
+    # SM. Prices head widths beyond the measured points (compute.attention_tflops); None holds them flat.
+    flops_per_exp: float | None = None
 
 
 @dataclass
@@ -294,6 +298,8 @@ def _device(raw: Any, where: str) -> Device:
         half_seq=as_float(at.get("half_seq", 1024.0), f"{where}.attention.half_seq", 0.0),
         backward_ratio=_fraction(at.get("backward_ratio", 0.75), f"{where}.attention.backward_ratio"),
         points=_points(at.get("points"), f"{where}.attention.points", ("seq_len",)),
+        flops_per_exp=(None if at.get("flops_per_exp") is None
+                       else as_float(at["flops_per_exp"], f"{where}.attention.flops_per_exp", 0.0, True)),
     )
     memory = as_float(raw["memory_gib"], f"{where}.memory_gib", 0.0, True)
     usable = as_float(raw.get("usable_memory_gib", memory), f"{where}.usable_memory_gib", 0.0, True)

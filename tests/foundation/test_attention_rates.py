@@ -64,3 +64,29 @@ def test_sustained_fraction_scales_measured_points():
     dev = replace(_device(POINTS), sustained_fraction=0.75)
     assert attention_tflops(dev, 512, "fp32", head_dim=64, backward=True) == pytest.approx(0.75 * 0.050)
     assert math.isclose(attention_tflops(dev, 512, "fp32", head_dim=64), 0.75 * 0.060)
+
+
+def test_beyond_the_measured_heads_the_exponential_decides_on_a_gpu():
+    """A GB200 measured at head 128 alone (cuDNN's Llama points): head 64 carries half the FLOPs a score
+    does, one exponential all the same. With 8192 tensor FLOPs and 16 exponentials a clock per SM (512 FLOPs
+    an exponential), a forward score costs 4 x 128 + 512 = 1024 at head 128 and 4 x 64 + 512 = 768 at head
+    64: the rate falls to 0.5 x 1024 / 768 = 2/3. The backward's 10 FLOPs per score and width: 0.5 x 1792 /
+    1152 = 7/9. FlashAttention-4's B200 tables ran causal head 64 at 0.61-0.71 of head 128's forward rate
+    (flash-attention PR #2605). On an H100 (4096 / 16 = 256) the forward keeps 0.5 x 768 / 512 = 3/4."""
+    gb200 = load_profile("gb200-186g-nvl72").device
+    assert gb200.attention.flops_per_exp == 512
+    for backward, ratio in ((False, 2 / 3), (True, 7 / 9)):
+        narrow = attention_tflops(gb200, 4096, "bf16", head_dim=64, backward=backward)
+        wide = attention_tflops(gb200, 4096, "bf16", head_dim=128, backward=backward)
+        assert narrow / wide == pytest.approx(ratio)
+    assert 0.61 <= 2 / 3 <= 0.71
+    h100 = load_profile("h100-80g-dgx").device
+    assert attention_tflops(h100, 8192, "bf16", head_dim=64) / attention_tflops(h100, 8192, "bf16", head_dim=128) \
+        == pytest.approx(0.75)
+    # Wider than the widest measured head (192, DeepSeek's MLA): held at its rate, since cuDNN ran those heads
+    # no faster than head 128 where the exponential alone would have them 11 % faster.
+    assert attention_tflops(gb200, 4096, "bf16", head_dim=256) == attention_tflops(gb200, 4096, "bf16", head_dim=192)
+    # A part whose exponential rate is unknown holds the nearest measured head's rate, as before.
+    cpu = _device(POINTS)
+    assert cpu.attention.flops_per_exp is None
+    assert attention_tflops(cpu, 512, "fp32", head_dim=128) == pytest.approx(0.060)
