@@ -110,7 +110,9 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                                                                   key=lambda p: (p["dtype"], p["n"], p["k"], p["m"]))]},
         "attention": {"max_fraction": sig(att_fit.max_fraction), "half_seq": sig(att_fit.half_seq) if att_fit.half_seq >= 0.01 else 0.0,
                       "backward_ratio": sig(bwd_ratio),
-                      "points": [round_pt(p) for p in sorted(raw.attention_points, key=lambda p: (p["dtype"], p["head_dim"], p["seq_len"]))]},
+                      "points": [round_pt(p) for p in sorted(raw.attention_points, key=lambda p: (p["dtype"], p["head_dim"], p["seq_len"]))],
+                      # a hardware ratio, not measured here: the same part's built-in profile's (none for a CPU)
+                      "flops_per_exp": load_profile(nearest_builtin(raw.device_name)).device.attention.flops_per_exp},
         "memory_bound_efficiency": sig(raw.elementwise_efficiency),
     }
     prov = {
@@ -130,6 +132,8 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                             f"max_fraction and backward_ratio of the {raw.attention_dtype} points at the largest head_dim "
                             "and peak; the estimate uses each dtype's points (by seq_len and head_dim), forward "
                             "and backward, where measured",
+        "device.attention.flops_per_exp": (f"from the built-in {nearest_builtin(raw.device_name)} (tensor FLOPs a clock "
+                                           "per SM over the 16 exponentials of its special-function units; not measured)"),
         "overheads.context_gib": raw.memory.source.split(";")[-1].strip(),
         "overheads.host": "measured (bench/host.py): op_dispatch_s = host time per aten op of a chain of tiny "
                           "multiplies, forward and backward; python_dispatch_s = the extra per op of the same chain "

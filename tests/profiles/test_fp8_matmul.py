@@ -137,6 +137,10 @@ def test_measured_fp8_rate_is_what_a_float8_plan_is_priced_at():
     assert matmul_tflops(device, 2048, 768, 4096, "fp8") == pytest.approx(1000.0, rel=1e-3)
     assert matmul_tflops(device, 8192, 8192, 8192, "bf16") == pytest.approx(700.0, rel=1e-3)
     assert "torch._scaled_mm" in prov["device.matmul"]
+    # the exponential's cost in tensor FLOPs is a hardware ratio, not measured: 4096 FLOPs a clock per SM on an
+    # H100's tensor cores over its 16 exponentials a clock per SM
+    assert device.attention.flops_per_exp == 4096 / 16
+    assert "not measured" in prov["device.attention.flops_per_exp"]
 
 
 def test_summary_line_names_each_dtype_and_what_was_not_measured():
