@@ -116,9 +116,12 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
         # One window measured at several lengths: a kernel whose time grows with the sequence, not the
         # window (cuDNN's MXFP8 backward of GPT-OSS's 128-key window, 0.64 ms at 2k to 27.9 ms at 16k,
         # the square of the length: it runs every causal tile), priced by the length.
-        along, at = (("seq_len", seq_len) if len({p["window"] for p in window_points}) == 1
-                     and len({p["seq_len"] for p in window_points}) > 1 else ("window", window))
-        return device.sustained_fraction * _by_head(window_points, along, key, at, head_dim, exp)
+        measured = {p["window"] for p in window_points}
+        if len(measured) == 1 and len({p["seq_len"] for p in window_points}) > 1:
+            # its time is the causal tiles', so its rate in a window's FLOPs scales with the window's keys
+            scale = _window_keys(window, seq_len) / _window_keys(measured.pop(), seq_len)
+            return device.sustained_fraction * scale * _by_head(window_points, "seq_len", key, seq_len, head_dim, exp)
+        return device.sustained_fraction * _by_head(window_points, "window", key, window, head_dim, exp)
     length = min(seq_len, 2.0 * window) if windowed else seq_len
     points = [p for p in points if "window" not in p]
     if points:
@@ -127,6 +130,13 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
         return att.backward_ratio * attention_tflops(device, length, dtype, head_dim, kernel=kernel)
     peak = device.peak_tflops[dtype]
     return device.sustained_fraction * peak * att.max_fraction * length / (length + att.half_seq)
+
+
+def _window_keys(window: float, seq_len: float) -> float:
+    """Keys a query of a causal sliding window sees on average over a sequence (the first window's queries
+    see fewer): the FLOP convention of cuDNN's benchmark and of flops.attention_flops_per_token."""
+    w = min(window, seq_len)
+    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
 
 
 # Attention dtypes beyond the compute dtypes: block-scaled fp8 (MXFP8), as Transformer Engine runs attention

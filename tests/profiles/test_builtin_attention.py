@@ -126,13 +126,17 @@ def test_mxfp8_attention_takes_its_own_points_and_its_window_backward_grows_with
     MXFP8 backward of GPT-OSS's 128-key window took 0.642, 2.080, 7.427 and 27.940 ms at 2k, 4k, 8k and 16k
     tokens (data/published/attention_cudnn_sdpa.csv): about 4x per doubling, the square of the length, where
     bf16's window kernel holds its rate. So a windowed layer in MXFP8 is priced by its length: at 4096 the
-    printed 41 TFLOP/s, at 12k between 8k's 23 and 16k's 12, whatever the window."""
+    printed 41 TFLOP/s, at 12k between 8k's 23 and 16k's 12."""
     gb = load_profile("gb200-186g-nvl72").device
     sf = gb.sustained_fraction
     assert attention_tflops(gb, 4096, "mxfp8", 64, backward=True, window=128) == pytest.approx(sf * 40.7, rel=0.01)
     at12k = attention_tflops(gb, 12288, "mxfp8", 64, backward=True, window=128)
     assert sf * 12.3 < at12k < sf * 23.0
-    assert attention_tflops(gb, 4096, "mxfp8", 64, backward=True, window=256) == pytest.approx(sf * 40.7, rel=0.01)
+    # a wider window costs that kernel the same causal tiles, so its rate in the window's FLOPs rises with its
+    # keys: 256 keys a query (less the first window's ramp) over 128, (32896 + 3840 x 256) / (8256 + 3968 x 128)
+    keys = (256 * 257 / 2 + 3840 * 256) / (128 * 129 / 2 + 3968 * 128)
+    assert attention_tflops(gb, 4096, "mxfp8", 64, backward=True, window=256) == pytest.approx(
+        sf * 40.7 * keys, rel=0.01)
     # full causal head 128: cuDNN's MXFP8 Llama 3.1 rows, 1685 / 1054 TFLOP/s at 4096
     assert attention_tflops(gb, 4096, "mxfp8", 128) == pytest.approx(sf * 1686.4, rel=0.001)
     assert attention_tflops(gb, 4096, "mxfp8", 128, backward=True) == pytest.approx(sf * 1053.2, rel=0.001)
