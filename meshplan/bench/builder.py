@@ -133,7 +133,8 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                             "and peak; the estimate uses each dtype's points (by seq_len and head_dim), forward "
                             "and backward, where measured",
         "device.attention.flops_per_exp": (f"from the built-in {nearest_builtin(raw.device_name)} (tensor FLOPs a clock "
-                                           "per SM over the 16 exponentials of its special-function units; not measured)"),
+                                           "per SM over the 16 exponentials of its special-function units; not measured)"
+                                           if env.is_cuda else "none on a CPU (not measured)"),
         "overheads.context_gib": raw.memory.source.split(";")[-1].strip(),
         "overheads.host": "measured (bench/host.py): op_dispatch_s = host time per aten op of a chain of tiny "
                           "multiplies, forward and backward; python_dispatch_s = the extra per op of the same chain "

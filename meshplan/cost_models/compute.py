@@ -85,51 +85,78 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
     """Fused causal attention throughput at this sequence length and head size, forward or backward;
     with a sliding `window` shorter than the sequence, at that window's rate.
 
-    Measured points of the compute dtype win, interpolated in log2(seq_len) and then in log2(head_dim)
-    (their `bwd_tflops` for the backward, where measured): attention kernels do not follow the
-    matmul peak across dtypes everywhere (CPU flash attention in bf16 runs its backward slower than in
-    fp32, while bf16 GEMMs run twice as fast), and a small head does less work per byte (head_dim 16
-    runs at about half the FLOP rate of 64 on a CPU). Without points, max_fraction of the dtype's
-    peak, and the backward at `backward_ratio` of the forward.
+    Measured points of the dtype win, interpolated in log2(seq_len) and then in log2(head_dim) (their
+    `bwd_tflops` for the backward, where measured; else the forward's at `backward_ratio`): attention
+    kernels do not follow the matmul peak across dtypes everywhere (CPU flash attention in bf16 runs its
+    backward slower than in fp32, while bf16 GEMMs run twice as fast), and a small head does less work per
+    byte (head_dim 16 runs at about half the FLOP rate of 64 on a CPU; on a GPU, below the narrowest
+    measured head, _ExpBound). Without points, max_fraction of the dtype's peak, and the backward at
+    `backward_ratio` of the forward. MXFP8 (ATTENTION_DTYPES) is priced from its own points only, else as
+    bf16, the compute dtype of the recipes that run it.
 
     A windowed layer runs each query tile against the few key tiles of its window, however long the
-    sequence: cuDNN's GB200 benchmark ran a 128-key window at 153-167 TFLOP/s forward from 2k to 16k
-    tokens, against 1097-1708 for full causal attention. Points carrying a `window` price windowed
-    layers alone, interpolated in log2(window); without them a window runs at the rate of the causal
-    attention whose queries see as many keys on average, that of length 2 x window.
+    sequence: cuDNN's GB200 benchmark ran a 128-key window at 153-167 TFLOP/s forward and 176-188 backward
+    in bf16 from 2k to 32k tokens, against 1097-1708 forward for full causal attention. Points carrying a
+    `window` price windowed layers alone (_windowed_rate); without them a window runs at the rate of the
+    causal attention whose queries see as many keys on average, that of length 2 x window.
 
     Points without a `kernel` are the kernel PyTorch's SDPA runs on the part; `kernel` picks the points
     tagged with it where the profile has them (cuDNN's, for Transformer Engine on an H100), else those.
     """
     att = device.attention
-    if dtype in ATTENTION_DTYPES and not any(p.get("dtype") == dtype for p in att.points):
-        dtype = "bf16"  # the block's dtype under a block-scaled fp8 recipe
     dtype = dtype if dtype in ATTENTION_DTYPES else compute_dtype(dtype, device)
-    key = "bwd_tflops" if backward else "tflops"
-    windowed = window is not None and window < seq_len
-    points = [p for p in att.points if p.get("dtype", dtype) == dtype and key in p]
-    tagged = [p for p in points if kernel is not None and p.get("kernel") == kernel]
-    points = tagged or [p for p in points if "kernel" not in p]
     exp = _ExpBound(_flops_per_exp(device, dtype), backward)
-    window_points = [p for p in points if "window" in p]
-    if windowed and window_points:
-        # One window measured at several lengths: a kernel whose time grows with the sequence, not the
-        # window (cuDNN's MXFP8 backward of GPT-OSS's 128-key window, 0.64 ms at 2k to 27.9 ms at 16k,
-        # the square of the length: it runs every causal tile), priced by the length.
-        measured = {p["window"] for p in window_points}
-        if len(measured) == 1 and len({p["seq_len"] for p in window_points}) > 1:
-            # its time is the causal tiles', so its rate in a window's FLOPs scales with the window's keys
-            scale = _window_keys(window, seq_len) / _window_keys(measured.pop(), seq_len)
-            return device.sustained_fraction * scale * _by_head(window_points, "seq_len", key, seq_len, head_dim, exp)
-        return device.sustained_fraction * _by_head(window_points, "window", key, window, head_dim, exp)
-    length = min(seq_len, 2.0 * window) if windowed else seq_len
-    points = [p for p in points if "window" not in p]
-    if points:
-        return device.sustained_fraction * _by_head(points, "seq_len", key, length, head_dim, exp)
-    if backward:
-        return att.backward_ratio * attention_tflops(device, length, dtype, head_dim, kernel=kernel)
-    peak = device.peak_tflops[dtype]
-    return device.sustained_fraction * peak * att.max_fraction * length / (length + att.half_seq)
+    win = window if window is not None and window < seq_len else None
+    key = "bwd_tflops" if backward else "tflops"
+    rate = _measured_rate(att.points, dtype, key, kernel, seq_len, win, head_dim, exp)
+    if rate is None and backward:
+        # no measured backward: the forward's points at backward_ratio, a narrow head priced as a backward
+        forward = _measured_rate(att.points, dtype, "tflops", kernel, seq_len, win, head_dim, exp)
+        rate = None if forward is None else att.backward_ratio * forward
+    if rate is not None:
+        return device.sustained_fraction * rate
+    if dtype in ATTENTION_DTYPES:  # nothing measured of it for this query: the recipe's compute dtype
+        return attention_tflops(device, seq_len, "bf16", head_dim, backward, window, kernel)
+    length = min(seq_len, 2.0 * win) if win is not None else seq_len
+    forward = device.sustained_fraction * device.peak_tflops[dtype] * att.max_fraction * length / (length + att.half_seq)
+    return att.backward_ratio * forward if backward else forward
+
+
+def _measured_rate(points: list[dict], dtype: str, key: str, kernel: str | None, seq_len: float,
+                   window: float | None, head_dim: float, exp: _ExpBound) -> float | None:
+    """The best-case rate from the profile's points of this dtype and kernel carrying `key`, or None."""
+    # Points without a dtype are the compute dtype's; an attention-only dtype needs its own.
+    untyped = None if dtype in ATTENTION_DTYPES else dtype
+    pts = [p for p in points if p.get("dtype", untyped) == dtype and key in p]
+    tagged = [p for p in pts if kernel is not None and p.get("kernel") == kernel]
+    pts = tagged or [p for p in pts if "kernel" not in p]
+    full = [p for p in pts if "window" not in p]
+    windowed = [p for p in pts if "window" in p]
+    if window is not None and windowed:
+        return _windowed_rate(windowed, full, key, seq_len, window, head_dim, exp)
+    length = min(seq_len, 2.0 * window) if window is not None else seq_len
+    return _by_head(full, "seq_len", key, length, head_dim, exp) if full else None
+
+
+def _windowed_rate(windowed: list[dict], full: list[dict], key: str, seq_len: float, window: float,
+                   head_dim: float, exp: _ExpBound) -> float:
+    """A sliding window's rate from window points: interpolated in log2(window) where several windows were
+    measured. One window measured at several lengths is read at the length; where its rate falls with the
+    length as fast as 1/sqrt(length) or faster, the kernel's time grows with the sequence, not the window:
+    cuDNN's MXFP8 backward of GPT-OSS's 128-key window took 0.64 ms at 2k and 27.9 ms at 16k, the square
+    of the length, as it runs every causal tile. Such a kernel's rate in a window's FLOPs falls as
+    1 / length beyond the measured lengths and grows with the window's keys, up to full attention's rate."""
+    measured = {p["window"] for p in windowed}
+    lengths = sorted({p["seq_len"] for p in windowed})
+    if len(measured) > 1 or len(lengths) == 1:
+        return _by_head(windowed, "window", key, window, head_dim, exp)
+    rate = _by_head(windowed, "seq_len", key, seq_len, head_dim, exp)
+    first, last = (_by_head(windowed, "seq_len", key, s, head_dim, exp) for s in (lengths[0], lengths[-1]))
+    if last / first > (lengths[0] / lengths[-1]) ** 0.5:
+        return rate  # the window's own tiles: its rate holds whatever the window
+    edge = min(max(seq_len, lengths[0]), lengths[-1])
+    rate *= edge / seq_len * _window_keys(window, seq_len) / _window_keys(measured.pop(), seq_len)
+    return min(rate, _by_head(full, "seq_len", key, seq_len, head_dim, exp)) if full else rate
 
 
 def _window_keys(window: float, seq_len: float) -> float:

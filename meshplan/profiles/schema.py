@@ -42,7 +42,8 @@ class AttentionModel:
     points: list[dict[str, Any]] = field(default_factory=list)
     # Dense bf16 tensor-core FLOPs per exponential the special-function units issue in the same time (the
     # softmax's one exp per score): the part's tensor FLOPs per clock per SM over its 16 exp per clock per
-    # SM. Prices head widths beyond the measured points (compute.attention_tflops); None holds them flat.
+    # SM. Prices heads narrower than the narrowest measured one (compute.attention_tflops); points without a
+    # head_dim stand for every width, so it needs points that name theirs. None holds narrow heads flat.
     flops_per_exp: float | None = None
 
 

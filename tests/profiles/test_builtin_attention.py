@@ -1,6 +1,8 @@
 """The H100 profiles' attention is FlashAttention-2's published H100 speed (PyTorch's SDPA kernel in 2024); the
 H200's is cuDNN's, as PyTorch 2.11's SDPA ran it on a lent H200; the Blackwell parts' is cuDNN's GB200 benchmark."""
 
+from dataclasses import replace
+
 import pytest
 
 from meshplan.cost_models.compute import attention_tflops, matmul_tflops
@@ -137,12 +139,35 @@ def test_mxfp8_attention_takes_its_own_points_and_its_window_backward_grows_with
     keys = (256 * 257 / 2 + 3840 * 256) / (128 * 129 / 2 + 3968 * 128)
     assert attention_tflops(gb, 4096, "mxfp8", 64, backward=True, window=256) == pytest.approx(
         sf * 40.7 * keys, rel=0.01)
+    # beyond the measured lengths its time keeps the square of the length: at 64k half the 32k rate, 6.3
+    assert attention_tflops(gb, 65536, "mxfp8", 64, backward=True, window=128) == pytest.approx(sf * 6.3 / 2, rel=0.01)
+    # a 2048-key window at 8k: the 8k point's 23.0 times the keys, (2048 x 2049 / 2 + 6144 x 2048) / (128 x 129 /
+    # 2 + 8064 x 128); and a window all but the sequence's stays under full attention's rate at that length
+    keys = (2048 * 2049 / 2 + 6144 * 2048) / (128 * 129 / 2 + 8064 * 128)
+    assert attention_tflops(gb, 8192, "mxfp8", 64, backward=True, window=2048) == pytest.approx(sf * 23.0 * keys,
+                                                                                              rel=0.01)
+    assert attention_tflops(gb, 8192, "mxfp8", 64, backward=True, window=8000) < attention_tflops(
+        gb, 8192, "mxfp8", 64, backward=True)
+    # with a window kernel ten times faster at every length, that window meets the cap: full attention's rate
+    fast = replace(gb, attention=replace(gb.attention, points=[
+        dict(p, bwd_tflops=10 * p["bwd_tflops"]) if p["dtype"] == "mxfp8" and "window" in p else p
+        for p in gb.attention.points]))
+    assert attention_tflops(fast, 8192, "mxfp8", 64, backward=True, window=8000) == pytest.approx(
+        attention_tflops(fast, 8192, "mxfp8", 64, backward=True))
+    # its forward ran the window's own tiles (152.7 at 2k to 167.6 at 32k): read at the length, any window
+    assert attention_tflops(gb, 4096, "mxfp8", 64, window=256) == attention_tflops(gb, 4096, "mxfp8", 64, window=128) \
+        == pytest.approx(sf * 161.1, rel=0.001)
     # full causal head 128: cuDNN's MXFP8 Llama 3.1 rows, 1685 / 1054 TFLOP/s at 4096
     assert attention_tflops(gb, 4096, "mxfp8", 128) == pytest.approx(sf * 1686.4, rel=0.001)
     assert attention_tflops(gb, 4096, "mxfp8", 128, backward=True) == pytest.approx(sf * 1053.2, rel=0.001)
     # head 64 in MXFP8: fp8's 5000 TFLOP/s beside the same exponentials, 1024 FLOPs each; a forward score
     # 4 x 128 + 1024 at head 128, 4 x 64 + 1024 at 64: 0.5 x 1536 / 1280 = 0.6 of head 128's rate
     assert attention_tflops(gb, 4096, "mxfp8", 64) / attention_tflops(gb, 4096, "mxfp8", 128) == pytest.approx(0.6)
-    # a part without MXFP8 points prices it as its compute dtype
+    # a part without MXFP8 points prices it as its compute dtype, and so does one whose MXFP8 points do not
+    # cover the query (a window's alone, asked for full attention)
     h200 = load_profile("h200-141g-dgx").device
     assert attention_tflops(h200, 4096, "mxfp8", 128) == attention_tflops(h200, 4096, "bf16", 128)
+    windows_only = replace(gb, attention=replace(gb.attention, points=[
+        p for p in gb.attention.points if p["dtype"] != "mxfp8" or "window" in p]))
+    assert attention_tflops(windows_only, 4096, "mxfp8", 128, backward=True) == attention_tflops(
+        windows_only, 4096, "bf16", 128, backward=True)
