@@ -82,6 +82,7 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
     guess = gpu_datasheet_peaks(raw.device_name) if env.is_cuda else cpu_peaks(cores_per_device(env.local_world), list(best))
     peaks = resolve_peaks(guess, best)
     mm_fit = fit.fit_matmul(raw.matmul_points, peaks.tflops)
+    same_part = nearest_builtin(raw.device_name)  # the built-in profile whose hardware ratios this one takes
     att_peak = peaks.tflops[raw.attention_dtype]
     # max_fraction describes the kernel at its largest head measured (128 on GPUs, like the models)
     primary = [p for p in raw.attention_points if p["dtype"] == raw.attention_dtype]
@@ -112,7 +113,7 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                       "backward_ratio": sig(bwd_ratio),
                       "points": [round_pt(p) for p in sorted(raw.attention_points, key=lambda p: (p["dtype"], p["head_dim"], p["seq_len"]))],
                       # a hardware ratio, not measured here: the same part's built-in profile's (none for a CPU)
-                      "flops_per_exp": load_profile(nearest_builtin(raw.device_name)).device.attention.flops_per_exp},
+                      "flops_per_exp": load_profile(same_part).device.attention.flops_per_exp},
         "memory_bound_efficiency": sig(raw.elementwise_efficiency),
     }
     prov = {
@@ -132,7 +133,7 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                             f"max_fraction and backward_ratio of the {raw.attention_dtype} points at the largest head_dim "
                             "and peak; the estimate uses each dtype's points (by seq_len and head_dim), forward "
                             "and backward, where measured",
-        "device.attention.flops_per_exp": (f"from the built-in {nearest_builtin(raw.device_name)} (tensor FLOPs a clock "
+        "device.attention.flops_per_exp": (f"from the built-in {same_part} (tensor FLOPs a clock "
                                            "per SM over the 16 exponentials of its special-function units; not measured)"
                                            if env.is_cuda else "none on a CPU (not measured)"),
         "overheads.context_gib": raw.memory.source.split(";")[-1].strip(),

@@ -166,8 +166,8 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
         # torch.distributed.pipelining allocates receive buffers for every micro-batch up front:
         # the stage input in forward and its gradient in backward, for each stage on this rank.
         # The first stage receives no input and the last no gradient. A stack that allocates each receive
-        # when it is posted (Layout.pp_recv_up_front False) holds none beyond the activations.
-        if lay.pp_recv_up_front:
+        # when it is posted (Layout.pp_recv_up_front False: none in the basis) holds none beyond the activations.
+        if b.pp_buffers:
             mem.parts["pp_buffers"] = b.pp_buffers
         if kept:
             # The logits of micro-batches whose loss graph is alive are counted with it already.
