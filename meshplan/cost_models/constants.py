@@ -22,6 +22,9 @@ KORTHIKANTI = "Korthikanti 2022 Table 4 (22B layer)"
 TORCHTITAN = tuple(f"TorchTitan H100 (Table {i})" for i in range(1, 7))
 LLMFOUNDRY = "MosaicML llm-foundry MPT (A100, H100)"
 IBM_FMS = "IBM fms-fsdp Llama 2 (A100, H100)"
+# meshplan's runtime on a lent H200 (data/measured/runtime_runs.json): our own runs, not a publication,
+# scored on peak memory alone (published.runtime_memory_rows).
+RUNTIME_RUNS = "meshplan runtime on a lent H200"
 # The MoE runs on B200 and GB200 (moe_training_blackwell.csv), one table per publication and model: Megatron-
 # Bridge's performance pages, the Megatron-MoE model zoo's best-practice tables and Megatron-LM's DeepSeek-V3
 # GB200 notes are three publications (written by different teams at different dates, each measuring its own
@@ -271,9 +274,12 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("overheads.step_overhead_s", *_overhead("step_overhead_s"), 0.0,
                     "fixed cost per step; 0 in every built-in (calibrate fits it on measured runs)", bounds=(0.0, 10.0)),
     ProfileConstant("overheads.memory_fragmentation", *_overhead("memory_fragmentation"), 0.0,
-                    "CUDA caching-allocator slack on live tensors: reserved / allocated - 1 at the peak; fitted "
-                    "on TorchTitan's peak memory column (max reserved) of its unpipelined runs, 5 % allocator "
-                    "practice before the fit", {"h100-96g-gt": TORCHTITAN[0:4]}, (0.0, 0.5), time=False),
+                    "CUDA caching-allocator slack on live tensors (expandable segments, as TorchTitan and the "
+                    "runtime run it): reserved / allocated - 1 at the peak. One value for every GPU, a property "
+                    "of PyTorch's allocator, not of the part: fitted on the max-reserved memory of TorchTitan's "
+                    "unpipelined runs (H100) and of the runtime's own runs on a lent H200 "
+                    "(data/measured/runtime_runs.json); 5 % allocator practice before the first fit",
+                    {EVERY_GPU: TORCHTITAN[0:4] + (RUNTIME_RUNS,)}, (0.0, 0.5), time=False),
     ProfileConstant("overheads.pp_memory_fragmentation",
                     lambda p: (p.overheads.memory_fragmentation if p.overheads.pp_memory_fragmentation is None
                                else p.overheads.pp_memory_fragmentation),

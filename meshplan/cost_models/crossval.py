@@ -17,8 +17,8 @@ from typing import Callable
 
 from meshplan.cost_models import constants
 from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MOE_SOURCES, MOE_TABLE_SEPARATOR,
-                                            PROFILE_CONSTANTS, ProfileConstant, fitted_profiles)
-from meshplan.cost_models.published import PublishedRow, all_training_rows
+                                            PROFILE_CONSTANTS, RUNTIME_RUNS, ProfileConstant, fitted_profiles)
+from meshplan.cost_models.published import MEMORY_ONLY, PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.rules import NCCL, profile_backend
@@ -31,6 +31,11 @@ CONVERGED = 1e-3  # a sweep that moves no constant by more than this share of it
 
 def training_rows() -> list[PublishedRow]:
     return [r for r in all_training_rows() if not r.skipped]
+
+
+def step_time_rows() -> list[PublishedRow]:
+    """The training rows with a step time to judge (every one but the memory-only rows)."""
+    return [r for r in training_rows() if r.metric != MEMORY_ONLY]
 
 
 def loader(transform: Transform | None = None) -> Callable[[str], ClusterProfile]:
@@ -49,7 +54,7 @@ def loader(transform: Transform | None = None) -> Callable[[str], ClusterProfile
 class RowError:
     source: str
     label: str
-    step: float  # predicted / measured step time - 1
+    step: float | None  # predicted / measured step time - 1; None for a memory-only row
     memory: float | None = None
 
 
@@ -60,7 +65,12 @@ def row_errors(rows: list[PublishedRow], transform: Transform | None = None) -> 
     out = []
     for row in rows:
         value, est, _ = predict(row, load)
-        step = value / row.published - 1 if row.metric.startswith("layer_") else row.published / value - 1
+        if row.metric == MEMORY_ONLY:
+            step = None
+        elif row.metric.startswith("layer_"):
+            step = value / row.published - 1
+        else:
+            step = row.published / value - 1
         mem = None
         if row.published_memory_gib is not None and est is not None:
             mem = est.reserved_peak_gib / row.published_memory_gib - 1  # published: max reserved
@@ -127,7 +137,7 @@ def constant_effects(rows: list[PublishedRow] | None = None) -> tuple[Score, Sco
         moved = max(src, key=lambda s: abs(src[s].mape - base_src[s].mape))
         mem = score([e.memory for e in errs if e.memory is not None])
         return ConstantEffect(name, values, physical, source, fitted,
-                              score([e.step for e in errs]).mape, mem.mape if mem else None,
+                              score(step_errors(errs)).mape, mem.mape if mem else None,
                               f"{moved}: {base_src[moved].mape:.1%} -> {src[moved].mape:.1%}")
 
     for f in fields(constants.ModelConstants):
@@ -143,7 +153,12 @@ def constant_effects(rows: list[PublishedRow] | None = None) -> tuple[Score, Sco
         fitted = "; ".join(f"{p}: {', '.join(t)} ({_sources_text(t)})" for p, t in c.fitted_on.items()) or "sourced"
         effects.append(effect(c.name, vals, c.physical, c.source, fitted, row_errors(rows, _set_everywhere(c, c.physical))))
     mem = score([e.memory for e in base if e.memory is not None])
-    return score([e.step for e in base]), mem, effects
+    return score(step_errors(base)), mem, effects
+
+
+def step_errors(errs: list[RowError]) -> list[float]:
+    """The step-time errors of the rows that have one (memory-only rows have none)."""
+    return [e.step for e in errs if e.step is not None]
 
 
 def source_of(table: str) -> str:
@@ -308,7 +323,7 @@ def constants_text() -> str:
     saved = saved_fits()
     lines = [f"step-time MAPE over the {base.rows} published training rows with every constant as shipped: "
              f"{base.mape:.1%} (bias {base.bias:+.1%}, {base.within_15}/{base.rows} within 15 %)"
-             + (f"; memory MAPE {base_mem.mape:.1%} over {base_mem.rows} rows" if base_mem else ""),
+             + (f"; memory MAPE {base_mem.mape:.1%} over {base_mem.rows} rows ({_memory_rows_text()})" if base_mem else ""),
              "", f"{'constant':<34} {'value':<40} {'physical':>8} {'MAPE at physical':>17} {'mem MAPE':>9}  most moved table"]
     for e in effects:
         mem = "" if e.memory_mape is None else f"{e.memory_mape:.1%}"
@@ -322,13 +337,24 @@ def constants_text() -> str:
     return "\n".join(lines)
 
 
+def _memory_rows_text() -> str:
+    """How many memory rows are published and how many are the runtime's own runs."""
+    rows = [r for r in training_rows() if r.published_memory_gib is not None]
+    own = sum(r.metric == MEMORY_ONLY for r in rows)
+    return f"{len(rows) - own} published, {own} of the runtime's own runs"
+
+
 def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = False) -> list[str]:
     lines = [title, f"{'source':<40} " + " ".join(f"{k + ' MAPE  bias  w/in15':>28}" for k in errs)]
     sources = list(dict.fromkeys(e.source for v in errs.values() for e in v))
-    groups = {"dense runs": lambda e: not is_moe_source(e.source),
+    # The groups are of published runs: the runtime's own (memory only, dense and MoE) count in overall alone.
+    groups = {"dense runs": lambda e: not is_moe_source(e.source) and e.source != RUNTIME_RUNS,
               "dense, TorchTitan and Megatron":
-                  lambda e: not is_moe_source(e.source) and e.source not in (LLMFOUNDRY, IBM_FMS),
-              "MoE runs": lambda e: is_moe_source(e.source), "overall": lambda e: True}
+                  lambda e: not is_moe_source(e.source) and e.source not in (LLMFOUNDRY, IBM_FMS, RUNTIME_RUNS),
+              "MoE runs": lambda e: is_moe_source(e.source)}
+    if memory:
+        groups["published runs"] = lambda e: e.source != RUNTIME_RUNS
+    groups["overall"] = lambda e: True
     for src in sources + list(groups):
         cells = []
         for v in errs.values():
@@ -381,8 +407,8 @@ def oos_document(result: CrossResult, rows: list[PublishedRow] | None = None) ->
     builtin = {(e.source, e.label): e.step for e in result.builtin}
     out = []
     for row in rows:
-        if row.metric.startswith("layer_"):
-            continue  # one layer, not a run: no scale, no MFU
+        if row.metric.startswith("layer_") or row.metric == MEMORY_ONLY:
+            continue  # one layer, not a run: no scale, no MFU; or no step time
         _, est, plan = predict(row)
         key = (row.table, row.label)
         p = plan.parallel

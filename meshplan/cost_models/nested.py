@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from meshplan.cost_models import forms
 from meshplan.cost_models.crossval import (RowError, _objective, _score_lines, fit, fold_of, leave_one_table_out,
-                                           row_errors, training_rows, transform_of)
+                                           row_errors, step_time_rows, transform_of)
 from meshplan.cost_models.published import PublishedRow
 
 
@@ -77,21 +77,22 @@ def outer_fold(rows: list[PublishedRow], held_out: str | None,
 def _outer_fold_of_the_training_rows(args: tuple[str | None, dict[str, tuple[str, ...]]]):
     """outer_fold on every published training row, in a worker process (rows are rebuilt there)."""
     held_out, alternatives = args
-    return outer_fold(training_rows(), held_out, alternatives)
+    return outer_fold(step_time_rows(), held_out, alternatives)
 
 
 def nested_cross_validate(rows: list[PublishedRow] | None = None,
                           alternatives: dict[str, tuple[str, ...]] | None = None, jobs: int = 1) -> NestedResult:
     """Every table held out in turn, and the choice on every table. jobs > 1 runs the folds in that many
-    processes (on the published training rows only: a worker rebuilds them)."""
+    processes (on the published training rows only: a worker rebuilds them). The forms are of step time:
+    rows without one (memory-only) take no part."""
     alternatives = alternatives or forms.ALTERNATIVES
-    tables: list[str | None] = list(dict.fromkeys(fold_of(r.table) for r in (rows or training_rows())))
+    tables: list[str | None] = list(dict.fromkeys(fold_of(r.table) for r in (rows or step_time_rows())))
     tasks = tables + [None]
     if jobs > 1 and rows is None:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             done = list(pool.map(_outer_fold_of_the_training_rows, [(t, alternatives) for t in tasks]))
     else:
-        rows = rows or training_rows()
+        rows = rows or step_time_rows()
         done = [outer_fold(rows, t, alternatives) for t in tasks]
     result = NestedResult(forms=tuple(alternatives))
     for errs, fold in done[:-1]:

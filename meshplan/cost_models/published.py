@@ -63,15 +63,17 @@ is assumed once here, and printed by `meshplan validate`:
 from __future__ import annotations
 
 import csv
+import json
 import re
 from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from meshplan.cost_models.constants import (IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, MEGATRON_LM_GB200, MOE_MODEL_ZOO,
+                                            RUNTIME_RUNS,
                                             moe_table)
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.model import ModelSpec
-from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec
+from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec, plan_from_dict
 from meshplan.specs.registry import resolve_model
 from meshplan.specs.rules import MEGATRON_CORE, TORCHTITAN
 
@@ -81,7 +83,8 @@ class PublishedRow:
     table: str
     label: str
     plan: Plan | None
-    metric: str  # "tflops_per_gpu" | "tokens_per_s_per_gpu" | "layer_forward_ms" | "layer_backward_ms"
+    # "tflops_per_gpu" | "tokens_per_s_per_gpu" | "layer_forward_ms" | "layer_backward_ms" | MEMORY_ONLY
+    metric: str
     published: float
     published_memory_gib: float | None = None
     skipped: str | None = None
@@ -468,7 +471,23 @@ def ibm_fms_rows() -> list[PublishedRow]:
     return rows
 
 
+# A row scored on peak memory alone (max reserved GiB): no step time to judge.
+MEMORY_ONLY = "reserved_gib"
+
+
+def runtime_memory_rows() -> list[PublishedRow]:
+    """The runtime's own runs on a lent GPU (data/measured/runtime_runs.json, written by
+    benchmarks/runtime_memory_rows.py from gpu_truth's run summaries), scored on their max reserved memory
+    alone: a second stack and part beside TorchTitan's H100 for the allocator's slack. Their step times are
+    gpu_truth's own check (its tables' error column): one GPU of one part, whose rate no fit here sets."""
+    doc = json.loads(resources.files("meshplan.data.measured").joinpath("runtime_runs.json").read_text())
+    return [PublishedRow(RUNTIME_RUNS, f"{r['id']} (1 {r['device']}, {r['commit']}, torch {r['torch']})",
+                         plan_from_dict(r["plan"]), MEMORY_ONLY, r["reserved_gib"], published_memory_gib=r["reserved_gib"])
+            for r in doc["runs"]]
+
+
 def all_training_rows() -> list[PublishedRow]:
-    """Every published training row, skipped ones included (validate lists them with the reason)."""
+    """Every published training row, skipped ones included (validate lists them with the reason), and the
+    runtime's own memory rows."""
     return (megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + moe_blackwell_rows() + llmfoundry_rows()
-            + ibm_fms_rows())
+            + ibm_fms_rows() + runtime_memory_rows())

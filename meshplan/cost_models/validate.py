@@ -9,7 +9,7 @@ from meshplan.cost_models.estimate import Estimate, estimate_plan, group_spans
 from meshplan.cost_models.flops import megatron_flops_per_iteration, model_flops_per_token
 from meshplan.cost_models.layout import layout_of, runtime_paths
 from meshplan.cost_models.published_comm import collective_rows
-from meshplan.cost_models.published import PublishedRow, all_training_rows
+from meshplan.cost_models.published import MEMORY_ONLY, PublishedRow, all_training_rows
 from meshplan.cost_models.timing import block_time
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
@@ -51,7 +51,9 @@ def predict(row: PublishedRow, load: Callable[[str], ClusterProfile] = load_prof
         plan, est = _best_micro_batch(plan, row.layout_overrides, prof)
     else:
         est = estimate_plan(plan, prof, **row.layout_overrides)
-    if row.metric == "mcore_tflops_per_gpu":
+    if row.metric == MEMORY_ONLY:
+        value = est.reserved_peak_gib
+    elif row.metric == "mcore_tflops_per_gpu":
         value = model_flops_per_token(plan.model, plan.training.seq_len, causal=True) * est.tokens_per_s_per_gpu / 1e12
     elif row.metric == "tflops_per_gpu":
         t = plan.training
@@ -85,7 +87,8 @@ def validation_results() -> list[dict]:
 
 
 METRIC_UNITS = {"tflops_per_gpu": "TFLOP/s/GPU", "mcore_tflops_per_gpu": "TFLOP/s/GPU", "tokens_per_s_per_gpu": "tokens/s/GPU",
-                "layer_forward_ms": "ms", "layer_backward_ms": "ms", "time_us": "us", "busbw_gbs": "GB/s"}
+                "layer_forward_ms": "ms", "layer_backward_ms": "ms", "time_us": "us", "busbw_gbs": "GB/s",
+                MEMORY_ONLY: "GiB reserved"}
 
 
 def table_groups(results: list[dict]) -> dict[str, list[dict]]:
