@@ -57,15 +57,21 @@ def _memory_bound_tflops(device: Device, m: float, n: float, k: float, dtype: st
 
 
 @lru_cache(maxsize=256)
-def _points_array(points: tuple) -> np.ndarray:
-    return np.log2(np.array([p[:-1] for p in points], dtype=float)), np.array([p[-1] for p in points], dtype=float)
+def _points_array(points: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The points' log2 shapes along the axes they vary in, their rates, and which axes vary. An axis
+    every point shares (profile-cluster's grouped grid runs 8 groups throughout) says nothing about how
+    far a query lies from them: its offset would be the same for every point and only flatten the
+    weights toward their plain mean, so it is left out."""
+    xyz = np.log2(np.array([p[:-1] for p in points], dtype=float))
+    varies = xyz.max(axis=0) > xyz.min(axis=0)
+    return xyz[:, varies], np.array([p[-1] for p in points], dtype=float), varies
 
 
 def _interpolate_points(points: tuple, *shape: float) -> float:
     """Inverse-distance weighting in log2 of the shape (m, n, k; grouped: groups, m, n, k) over measured
-    points (exact at a measured shape)."""
-    xyz, tflops = _points_array(points)
-    q = np.log2([max(x, 1.0) for x in shape])
+    points (exact at a measured shape), along the axes the points vary in (_points_array)."""
+    xyz, tflops, varies = _points_array(points)
+    q = np.log2([max(x, 1.0) for x in shape])[varies]
     dist = np.sqrt(((xyz - q) ** 2).sum(axis=1))
     nearest = int(dist.argmin())
     if dist[nearest] < 1e-9:

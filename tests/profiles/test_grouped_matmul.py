@@ -94,7 +94,7 @@ def test_measured_grouped_rate_prices_the_routed_experts():
 
 
 def test_without_grouped_points_each_expert_is_a_matmul():
-    prof = load_profile("h100-80g-dgx")
+    prof = load_profile("a100-80g-dgx")
     assert not prof.device.matmul.grouped_points
     assert grouped_matmul_time(prof.device, 8, 300, 1536, 4096, "bf16") == matmul_time(prof.device, 300, 1536,
                                                                                         4096, "bf16")
@@ -108,3 +108,34 @@ def test_a_grouped_point_without_its_groups_is_a_one_line_error():
     with pytest.raises(InputError) as e:
         _device(raw, "device")
     assert "device.matmul.grouped_points[0].groups" in str(e.value)
+
+
+# The lent H200's grouped_mm rates (benchmarks/results/grouped_gemm-NVIDIA_H200-9816110.md), best case, bf16,
+# 8 groups: (tokens per expert, n, k) -> TFLOP/s, read from the committed table, not from a profile.
+H200_GROUPED = {(256, 4096, 1536): 365.0, (4096, 4096, 1536): 701.0, (1024, 7168, 2048): 655.0}
+
+
+@pytest.mark.parametrize("name", ["h100-80g-dgx", "h100-96g-gt", "h200-141g-dgx"])
+def test_hopper_profiles_price_experts_at_the_h200s_measured_grouped_rate(name):
+    """The H100 profiles carry the H200's grouped points (one GH100 die, one MAMF): at a measured shape
+    the experts take 2 x m x n x k FLOPs a group at that rate times the part's sustained fraction, by hand,
+    at whatever count of local experts (every point ran 8, so the group count does not move the rate)."""
+    prof = load_profile(name)
+    for (m, n, k), rate in H200_GROUPED.items():
+        for groups in (8, 16, 128):
+            by_hand = 2.0 * m * n * k / (rate * 1e12 * prof.device.sustained_fraction)
+            assert grouped_matmul_time(prof.device, groups, m, n, k, "bf16") == pytest.approx(by_hand, rel=1e-9)
+
+
+def test_an_axis_every_point_shares_does_not_move_the_interpolation():
+    """Two points measured at 8 groups, 100 and 400 TFLOP/s at 256 and 4096 tokens: halfway in log2 of the
+    tokens (1024) the inverse-distance weights are equal, 250, at 8 groups and at 128 alike. Weighing the
+    shared axis too would not move this midpoint, but at 2048 tokens it would pull the 3:1 weighting (by
+    hand: distances 1 and 3 in log2, weights 1 and 1/9, (400 + 100/9) / (10/9) = 370) toward the mean."""
+    from meshplan.cost_models.compute import _interpolate_points
+
+    points = ((8, 256, 1024, 1024, 100.0), (8, 4096, 1024, 1024, 400.0))
+    assert _interpolate_points(points, 8, 1024, 1024, 1024) == pytest.approx(250.0)
+    assert _interpolate_points(points, 128, 1024, 1024, 1024) == pytest.approx(250.0)
+    assert _interpolate_points(points, 128, 2048, 1024, 1024) == pytest.approx(370.0)
+    assert _interpolate_points(points, 8, 2048, 1024, 1024) == pytest.approx(370.0)
