@@ -176,6 +176,19 @@ def test_a_moe_model_is_planned_with_ep_searched_and_only_what_runs(tmp_path, ca
     assert len({r["parallel.ep"] for r in rows}) > 1
 
 
+def test_qwen3_235b_on_256_h100s_is_planned_with_expert_parallelism(tmp_path, capsys):
+    """Issue 28's target: the plan for Qwen3-235B-A22B on 256 GPUs (the default H100 cluster) folds EP in.
+    Without EP each rank runs all 128 experts on 1,024 tokens apiece, which the H100 profile prices at
+    the grouped kernel's measured rate for so few tokens (test_grouped_matmul.py), well below a dense
+    matmul's; EP 8 gives each of 16 local experts about 5,000."""
+    out = tmp_path / "best.yaml"
+    assert cli.main(["plan", "--model", "qwen3-235b-a22b", "--gpus", "256", "--out", str(out)]) == 0
+    best = yaml.safe_load(out.read_text())
+    p = best["parallel"]
+    assert best["cluster"] == "h100-80g-dgx" and p["ep"] > 1
+    assert (p["dp_shard"] * p["cp"] * p["tp"]) % p["ep"] == 0 and 128 % p["ep"] == 0
+
+
 @pytest.mark.parametrize("through", [["-m", "meshplan"], ["-c", "from meshplan.cli import entry; entry()"]])
 def test_a_process_that_skips_finalisation_leaves_everything_written(tmp_path, through):
     """`meshplan plan` ends its process without the interpreter's finalisation (cli.SKIP_FINALISATION):
