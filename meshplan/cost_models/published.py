@@ -58,6 +58,8 @@ is assumed once here, and printed by `meshplan validate`:
   The figure is tokens/s per GPU. A100 40GB rows (no built-in profile) and Transformer Engine FP8
   rows are skipped; H100 rows are priced on the 700 W h100-80g-dgx, A100 80GB rows on a100-80g-dgx
   (its 1600 Gb/s RoCE per node is the DGX A100's 8 x 200 Gb/s).
+- Not a publication: meshplan's own runtime on a lent H200 (data/measured/runtime_runs.json), each run's
+  plan as it ran, scored on its max reserved memory alone (MEMORY_ONLY, runtime_memory_rows).
 """
 
 from __future__ import annotations
