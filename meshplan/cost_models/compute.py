@@ -9,6 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.cost_models.flops import causal_window_keys
 from meshplan.cost_models.layout import DTYPE_BYTES
 from meshplan.profiles.schema import ClusterProfile, Device
 
@@ -123,7 +124,7 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
         return device.sustained_fraction * rate
     if dtype in ATTENTION_DTYPES:  # nothing measured of it for this query: the recipe's compute dtype
         return attention_tflops(device, seq_len, "bf16", head_dim, backward, window, kernel)
-    length = min(seq_len, 2.0 * win) if win is not None else seq_len
+    length = _causal_length(seq_len, win)
     forward = device.sustained_fraction * device.peak_tflops[dtype] * att.max_fraction * length / (length + att.half_seq)
     return att.backward_ratio * forward if backward else forward
 
@@ -140,8 +141,14 @@ def _measured_rate(points: list[dict], dtype: str, key: str, kernel: str | None,
     windowed = [p for p in pts if "window" in p]
     if window is not None and windowed:
         return _windowed_rate(windowed, full, key, seq_len, window, head_dim, exp)
-    length = min(seq_len, 2.0 * window) if window is not None else seq_len
+    length = _causal_length(seq_len, window)
     return _by_head(full, "seq_len", key, length, head_dim, exp) if full else None
+
+
+def _causal_length(seq_len: float, window: float | None) -> float:
+    """The full causal attention a window is priced as without window points: the length whose queries see
+    as many keys on average, 2 x window."""
+    return seq_len if window is None else min(seq_len, 2.0 * window)
 
 
 def _windowed_rate(windowed: list[dict], full: list[dict], key: str, seq_len: float, window: float,
@@ -161,15 +168,8 @@ def _windowed_rate(windowed: list[dict], full: list[dict], key: str, seq_len: fl
     if last / first > (lengths[0] / lengths[-1]) ** 0.5:
         return rate  # the window's own tiles: its rate holds whatever the window
     edge = min(max(seq_len, lengths[0]), lengths[-1])
-    rate *= edge / seq_len * _window_keys(window, seq_len) / _window_keys(measured.pop(), seq_len)
+    rate *= edge / seq_len * causal_window_keys(window, seq_len) / causal_window_keys(measured.pop(), seq_len)
     return min(rate, _by_head(full, "seq_len", key, seq_len, head_dim, exp)) if full else rate
-
-
-def _window_keys(window: float, seq_len: float) -> float:
-    """Keys a query of a causal sliding window sees on average over a sequence (the first window's queries
-    see fewer): the FLOP convention of cuDNN's benchmark and of flops.attention_flops_per_token."""
-    w = min(window, seq_len)
-    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
 
 
 # Attention dtypes beyond the compute dtypes: block-scaled fp8 (MXFP8), as Transformer Engine runs attention

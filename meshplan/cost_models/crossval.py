@@ -319,11 +319,12 @@ def cross_validate(rows: list[PublishedRow] | None = None) -> CrossResult:
 
 def constants_text() -> str:
     """`meshplan validate --constants`: every constant, its value and source, and what its physical default does."""
-    base, base_mem, effects = constant_effects()
+    rows = training_rows()
+    base, base_mem, effects = constant_effects(rows)
     saved = saved_fits()
     lines = [f"step-time MAPE over the {base.rows} published training rows with every constant as shipped: "
              f"{base.mape:.1%} (bias {base.bias:+.1%}, {base.within_15}/{base.rows} within 15 %)"
-             + (f"; memory MAPE {base_mem.mape:.1%} over {base_mem.rows} rows ({_memory_rows_text()})" if base_mem else ""),
+             + (f"; memory MAPE {base_mem.mape:.1%} over {base_mem.rows} rows ({_memory_rows_text(rows)})" if base_mem else ""),
              "", f"{'constant':<34} {'value':<40} {'physical':>8} {'MAPE at physical':>17} {'mem MAPE':>9}  most moved table"]
     for e in effects:
         mem = "" if e.memory_mape is None else f"{e.memory_mape:.1%}"
@@ -337,11 +338,11 @@ def constants_text() -> str:
     return "\n".join(lines)
 
 
-def _memory_rows_text() -> str:
-    """How many memory rows are published and how many are the runtime's own runs."""
-    rows = [r for r in training_rows() if r.published_memory_gib is not None]
-    own = sum(r.metric == MEMORY_ONLY for r in rows)
-    return f"{len(rows) - own} published, {own} of the runtime's own runs"
+def _memory_rows_text(rows: list[PublishedRow]) -> str:
+    """How many of `rows` with a memory figure are published and how many are the runtime's own runs."""
+    memory = [r for r in rows if r.published_memory_gib is not None]
+    own = sum(r.metric == MEMORY_ONLY for r in memory)
+    return f"{len(memory) - own} published, {own} of the runtime's own runs"
 
 
 def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = False) -> list[str]:

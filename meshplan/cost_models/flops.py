@@ -81,6 +81,13 @@ def logits_matmul(spec: ModelSpec, tp: int = 1) -> Matmul:
     return Matmul("logits", spec.dim, spec.vocab_size // tp)
 
 
+def causal_window_keys(window: float, seq_len: float) -> float:
+    """Keys a query of a causal sliding window sees on average over a sequence: query i sees min(i + 1,
+    window), so the first window's queries see fewer (cuDNN's SDPA benchmark counts its FLOPs so too)."""
+    w = min(window, seq_len)
+    return (w * (w + 1) / 2 + (seq_len - w) * w) / seq_len
+
+
 def attention_flops_per_token(spec: ModelSpec, seq_len: int, causal: bool, layer: int | None = None) -> float:
     """Forward score and value matmuls per token, over all heads: q.k over the query/key head width,
     p.v over the value head width (MLA's differ), against every key of the sequence, or half of them
@@ -89,8 +96,8 @@ def attention_flops_per_token(spec: ModelSpec, seq_len: int, causal: bool, layer
     width = (spec.mla.qk_head_dim + spec.mla.v_head_dim) if spec.mla is not None else 2 * spec.head_dim
     window = spec.attention_window(layer) if layer is not None else None
     if window is not None and window < seq_len:
-        # Query i sees min(i + 1, window) keys under the causal mask; without it, a window each side.
-        keys = (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len if causal else 2.0 * window
+        # Without the causal mask a query sees a window each side.
+        keys = causal_window_keys(window, seq_len) if causal else 2.0 * window
         return 2.0 * spec.n_heads * width * keys
     full = 2.0 * seq_len * spec.n_heads * width
     return full / 2 if causal else full
