@@ -123,6 +123,11 @@ class Layout:
     # dispatchers do (stacks.py); its sync-free recipes under full-iteration CUDA graphs do not
     # (published.full_iteration_graphs). meshplan's runtime has no such sync, and host.py counts its ops.
     moe_host_sync: bool = False
+    # Whether the stack runs an MoE layer's grouped MLP through one fused kernel chain, its activation's
+    # clamp and its down projection's bias inside it (Transformer Engine's op fuser: Megatron-Core's
+    # use_transformer_engine_op_fuser, off by default, on in Megatron-Bridge's full-iteration MXFP8
+    # recipes), not as the eager passes moe.megatron_expert_eager_elems prices.
+    moe_fused_mlp: bool = False
     # Whether ring attention overlaps each of its cp - 1 K/V exchanges with a step of attention (Transformer
     # Engine's P2P ring, Megatron-Core's) or runs them in line (PyTorch's ring attention as the runtime and
     # TorchTitan run it): timing.cp_exposed.

@@ -157,6 +157,41 @@ def moe_elementwise_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int) -
     return (3 * spec.moe.experts + 4 * pairs_per_token(spec, ep, imbalance) * spec.dim) * share
 
 
+# What Megatron-Core's grouped-GEMM experts (TEGroupedMLP, as Megatron-Bridge's recipes pin it: Megatron-Core
+# 0d8e0714 to cd4afffa, containers 25.11-26.08) run eagerly for GPT-OSS's experts beyond a plain SwiGLU's
+# fused activation, element passes (forward, backward) in activation-size units:
+# - the clamp (MoESpec.activation_clamp), per element of a half of fc1's output (the expert width):
+#   fusions/fused_bias_geglu.weighted_bias_quick_geglu_impl chunks fc1's output, clamps each half and
+#   concatenates them before its compiled GLU: two clamps each read and write a half (4), torch.cat reads
+#   and writes both (4); backward, each clamp's gradient reads the gradient and its input and writes (6)
+#   and chunk's gradient concatenates the two halves' (4);
+# - the down projection's bias (MoESpec.bias), per element of its output (dim): TE's fc2 is built with
+#   skip_bias_add=True and experts._apply_bias adds the bias per local expert, scaled by each token's
+#   routing probability, torch.cat([t + b * p ...]): b * p written (1), the add read and written (3), the
+#   cat read and written (2); backward, the bias's and the probability's gradients each multiply and reduce
+#   (3 + 3) and split's gradient concatenates the experts' slices (2). The probabilities are taken in the
+#   activation dtype.
+# TE applies fc1's bias in its GEMM's epilogue and folds its gradient into the weight-gradient GEMM
+# (grouped_linear.py: "Grad bias is fused with wgrad GEMM"), so it costs no pass.
+MEGATRON_CLAMP_PASSES = (8.0, 10.0)
+MEGATRON_EXPERT_BIAS_PASSES = (6.0, 8.0)
+
+
+def megatron_expert_eager_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int) -> tuple[float, float]:
+    """(forward, backward) elements per token of the eager clamp and down-projection bias Megatron-Core's
+    experts run on one rank (MEGATRON_CLAMP_PASSES, MEGATRON_EXPERT_BIAS_PASSES); 0 for a plain SwiGLU."""
+    moe = spec.moe
+    share = (1.0 / tp if ep > 1 else 1.0) * pairs_per_token(spec, ep, imbalance)
+    width = moe.expert_ffn_dim // expert_tp(ep, tp)
+    per_pair = [0.0, 0.0]
+    for i in (0, 1):
+        if moe.activation_clamp is not None:
+            per_pair[i] += MEGATRON_CLAMP_PASSES[i] * width
+        if moe.bias:
+            per_pair[i] += MEGATRON_EXPERT_BIAS_PASSES[i] * spec.dim
+    return share * per_pair[0], share * per_pair[1]
+
+
 # Host work of an MoE layer on meshplan's runtime (runtime/moe.py, torch 2.13, eager), per micro-batch, as
 # (forward, backward) ops beyond the dense SwiGLU MLP it replaces. Counted on tiny-moe with a
 # TorchDispatchMode, one block as the difference of 5- and 3-layer models, with and without shared experts

@@ -348,6 +348,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                  skipped=skipped,
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r),
                                                    "moe_host_sync": not full_iteration_graphs(r),
+                                                   "moe_fused_mlp": full_iteration_graphs(r),
                                                    "attention_dtype": attention_dtype(r)}))
     return rows
 

@@ -65,6 +65,11 @@ STACKS: dict[str, Stack] = {
          "apply_rope_fusion, bias_activation_fusion, bias_dropout_fusion; Transformer Engine's RMSNorm): "
          "each reads its inputs and writes its outputs once (timing.MEGATRON_CORE_LLAMA_PASSES), with or "
          "without torch.compile",
+         "GPT-OSS's experts run their SwiGLU's clamp and their down projection's bias eagerly: "
+         "fused_bias_geglu.weighted_bias_quick_geglu_impl clamps and concatenates fc1's halves before its "
+         "compiled GLU, and TEGroupedMLP builds fc2 with skip_bias_add and adds the bias per expert "
+         "(experts._apply_bias; Megatron-Core 0d8e0714 to cd4afffa, moe.MEGATRON_CLAMP_PASSES); Transformer "
+         "Engine's op fuser (use_transformer_engine_op_fuser, off by default) fuses both",
          "data-parallel traffic overlapped as the performance recipes run it (DistributedDataParallelConfig "
          "overlap_grad_reduce and overlap_param_gather with the distributed optimizer): parameter all-gathers "
          "bucket by bucket in the first micro-batch's forward, gradient reduce-scatters in the last "

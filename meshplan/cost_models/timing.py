@@ -11,8 +11,8 @@ from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_b
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
 from meshplan.cost_models.host import block_host, embedding_host, head_host, host_added, host_beyond
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, moe_elementwise_elems, routed_expert_times,
-                                      routing)
+from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, megatron_expert_eager_elems,
+                                      moe_elementwise_elems, routed_expert_times, routing)
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.rules import GATHER
@@ -297,13 +297,13 @@ ATEN_GPT_PASSES = {"norm": (2, 3), "residual": (3, 3), "gelu": (2, 3), "attn_out
 
 
 def _kernel_pass_bytes(lay: Layout, passes: dict[str, tuple[float, float]], elems: dict[str, float],
-                       extra: float = 0.0) -> tuple[float, float]:
+                       extra: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """(forward, backward) bytes of a block's elementwise kernels, each making its (forward, backward)
-    `passes` over its `elems` elements per token (plus `extra` element passes each way), in the
+    `passes` over its `elems` elements per token (plus `extra` (forward, backward) element passes), in the
     activation dtype, for one micro-batch."""
     scale = lay.tokens_per_micro * lay.act_bytes
-    return (scale * (sum(n * passes[k][0] for k, n in elems.items()) + extra),
-            scale * (sum(n * passes[k][1] for k, n in elems.items()) + extra))
+    return (scale * (sum(n * passes[k][0] for k, n in elems.items()) + extra[0]),
+            scale * (sum(n * passes[k][1] for k, n in elems.items()) + extra[1]))
 
 
 def _aten_gpt_elementwise_bytes(lay: Layout) -> tuple[float, float]:
@@ -378,9 +378,14 @@ def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[flo
     elems = {"norm": 2 * spec.dim / sp_div, "residual": 2 * spec.dim / sp_div,
              "rope": (spec.q_dim + spec.kv_dim) / lay.tp, "swiglu": _activation_width(spec, layer) / lay.tp,
              "permute": spec.attn_out_dim / lay.tp}
-    # An MoE layer's router and token permutation (moe_permute_fusion): the same passes as eager, each way.
-    routing = moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp) if spec.is_moe_layer(layer) else 0.0
-    return _kernel_pass_bytes(lay, MEGATRON_CORE_LLAMA_PASSES, elems, routing)
+    if not spec.is_moe_layer(layer):
+        return _kernel_pass_bytes(lay, MEGATRON_CORE_LLAMA_PASSES, elems)
+    # An MoE layer's router and token permutation (moe_permute_fusion): the same passes as eager, each way;
+    # and what its experts run eagerly (GPT-OSS's clamp and down-projection bias).
+    routing = moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp)
+    fwd, bwd = (0.0, 0.0) if lay.moe_fused_mlp else megatron_expert_eager_elems(spec, lay.ep, lay.moe_imbalance,
+                                                                                  lay.tp)
+    return _kernel_pass_bytes(lay, MEGATRON_CORE_LLAMA_PASSES, elems, (routing + fwd, routing + bwd))
 
 
 def _tp_collectives(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> dict[str, float]:

@@ -198,6 +198,8 @@ class ModelSpec:
         for key, default in OPTIONAL_FIELDS.items():
             if out[key] == default:
                 del out[key]
+        if out.get("moe") and out["moe"]["activation_clamp"] is None:
+            del out["moe"]["activation_clamp"]  # an unclamped SwiGLU, as every MoE plan written before it
         return out
 
     @classmethod

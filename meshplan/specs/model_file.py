@@ -128,4 +128,6 @@ def _hf_moe(cfg: Mapping[str, Any], model_type: str, field: str) -> dict[str, An
            "router": "sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
            "load_balance": "bias" if cfg.get("topk_method") == "noaux_tc" else "aux_loss",
            "bias": model_type == "gpt_oss"}
+    if cfg.get("swiglu_limit") is not None:  # GPT-OSS's clamped SwiGLU
+        moe["activation_clamp"] = cfg["swiglu_limit"]
     return {"moe": moe}

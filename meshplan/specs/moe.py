@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshplan.errors import InputError
-from meshplan.fields import as_bool, as_choice, as_int, reject_unknown, require_mapping
+from meshplan.fields import as_bool, as_choice, as_float, as_int, reject_unknown, require_mapping
 
 ROUTERS = ("softmax", "sigmoid")  # Mixtral, Qwen3, GPT-OSS: softmax over experts; DeepSeek-V3: sigmoid
 LOAD_BALANCE = ("aux_loss", "bias")  # an auxiliary loss, or DeepSeek-V3's aux-loss-free expert bias
@@ -24,7 +24,9 @@ class MoESpec:
     """A mixture-of-experts MLP: `experts` routed SwiGLU experts of width `expert_ffn_dim`, `top_k` of
     them per token, plus `shared_experts` every token passes through (DeepSeek). The first
     `dense_layers_first` blocks keep the dense MLP of the model's `ffn_dim` (DeepSeek's
-    first_k_dense_replace). `bias`: the router and experts carry biases (GPT-OSS)."""
+    first_k_dense_replace). `bias`: the router and experts carry biases (GPT-OSS). `activation_clamp`: the
+    experts' SwiGLU clamps its gate from above and its linear half on both sides at this value (GPT-OSS's
+    swiglu_limit, 7.0): no parameters or FLOPs, but kernels (cost_models/moe.py)."""
 
     experts: int
     top_k: int
@@ -34,6 +36,7 @@ class MoESpec:
     router: str = "softmax"
     load_balance: str = "aux_loss"
     bias: bool = False
+    activation_clamp: float | None = None
 
     def expert_params(self, dim: int) -> int:
         """One SwiGLU expert: gate and up (dim -> ffn), down (ffn -> dim), with biases where the model has them."""
@@ -66,7 +69,12 @@ class MoESpec:
                    dense_layers_first=as_int(data.get("dense_layers_first", 0), f"{field}.dense_layers_first", 0),
                    router=as_choice(data.get("router", "softmax"), f"{field}.router", ROUTERS),
                    load_balance=as_choice(data.get("load_balance", "aux_loss"), f"{field}.load_balance", LOAD_BALANCE),
-                   bias=as_bool(data.get("bias", False), f"{field}.bias"))
+                   bias=as_bool(data.get("bias", False), f"{field}.bias"),
+                   activation_clamp=_clamp(data.get("activation_clamp"), f"{field}.activation_clamp"))
+
+
+def _clamp(value: Any, field: str) -> float | None:
+    return None if value is None else as_float(value, field, 0.0, exclusive_min=True)
 
 
 @dataclass(frozen=True)

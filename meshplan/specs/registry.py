@@ -22,9 +22,10 @@ def _gpt(name: str, dim: int, layers: int, heads: int, vocab: int = 51200, seq: 
 
 def _moe(name: str, dim: int, layers: int, heads: int, kv: int, ffn: int, vocab: int, experts: int, top_k: int,
          expert_ffn: int, *, shared: int = 0, dense_first: int = 0, router: str = "softmax",
-         load_balance: str = "aux_loss", moe_bias: bool = False, **kw: Any) -> ModelSpec:
+         load_balance: str = "aux_loss", moe_bias: bool = False, clamp: float | None = None, **kw: Any) -> ModelSpec:
     moe = MoESpec(experts=experts, top_k=top_k, expert_ffn_dim=expert_ffn, shared_experts=shared,
-                  dense_layers_first=dense_first, router=router, load_balance=load_balance, bias=moe_bias)
+                  dense_layers_first=dense_first, router=router, load_balance=load_balance, bias=moe_bias,
+                  activation_clamp=clamp)
     return _llama(name, dim, layers, heads, kv, ffn, vocab, moe=moe, **kw)
 
 
@@ -45,12 +46,11 @@ MOE_MODELS = [
     _moe("deepseek-v3-16b", 2048, 27, 16, 16, 10944, 102400, 64, 6, 1408, shared=2, dense_first=1,
          rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
          mla=MLASpec(q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
-    # GPT-OSS as published (128-token sliding windows in every other layer) but for its clamped SwiGLU,
-    # which changes kernels, not parameters or FLOPs.
-    _moe("gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, 128, 4, 2880, moe_bias=True, attention_head_dim=64,
+    # GPT-OSS as published: 128-token sliding windows in every other layer, its SwiGLU clamped at 7 (swiglu_limit).
+    _moe("gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, 128, 4, 2880, moe_bias=True, clamp=7.0, attention_head_dim=64,
          attention_bias=True, attention_sinks=True, sliding_window=128, full_attention_every=2, rope_theta=150000.0,
          max_seq_len=131072),
-    _moe("gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, 32, 4, 2880, moe_bias=True, attention_head_dim=64,
+    _moe("gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, 32, 4, 2880, moe_bias=True, clamp=7.0, attention_head_dim=64,
          attention_bias=True, attention_sinks=True, sliding_window=128, full_attention_every=2, rope_theta=150000.0,
          max_seq_len=131072),
     # For tests: 8 experts, top-2, one shared expert, one dense first layer.

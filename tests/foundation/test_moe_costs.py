@@ -314,3 +314,39 @@ def test_routed_experts_are_gathered_and_reduced_over_their_own_fsdp_group():
               + collective_time(PROF, "reduce_scatter", routed * 4.0, two, calls=1))
     assert c.all_gather == pytest.approx(gather, rel=1e-12)
     assert c.reduce_scatter == pytest.approx(reduce, rel=1e-12)
+
+
+def test_megatron_cores_eager_clamp_and_expert_bias_by_hand():
+    """GPT-OSS's experts under Megatron-Core: the clamp before the fused GLU (8 passes over each half of
+    fc1's output forward, 10 backward) and the down projection's bias added outside Transformer Engine
+    (6 passes over dim forward, 8 backward), per routed pair, in bf16; none where the op fuser fuses them,
+    and none for an unclamped, unbiased expert."""
+    from dataclasses import replace
+
+    from meshplan.cost_models.compute import memory_bound_time
+    from meshplan.cost_models.timing import elementwise_times
+
+    plain = _layout(elementwise_kernels="megatron")
+    spec = replace(ONE_LAYER, moe=replace(ONE_LAYER.moe, bias=True, activation_clamp=7.0))
+    gpt_oss = plain.with_(spec=spec)
+    tokens = 128  # seq 128, micro-batch 1; no EP: every pair of the rank's tokens runs here
+    fwd = tokens * K * (8 * F + 6 * D) * 2.0
+    bwd = tokens * K * (10 * F + 8 * D) * 2.0
+    base, got = elementwise_times(plain, PROF), elementwise_times(gpt_oss, PROF)
+    assert got[0] - base[0] == pytest.approx(memory_bound_time(PROF.device, fwd), rel=1e-9)
+    assert got[1] - base[1] == pytest.approx(memory_bound_time(PROF.device, bwd), rel=1e-9)
+    assert elementwise_times(gpt_oss.with_(moe_fused_mlp=True), PROF) == pytest.approx(base, rel=1e-12)
+    # Clamp alone: its passes only.
+    clamped = plain.with_(spec=replace(ONE_LAYER, moe=replace(ONE_LAYER.moe, activation_clamp=7.0)))
+    assert elementwise_times(clamped, PROF)[1] - base[1] == pytest.approx(
+        memory_bound_time(PROF.device, tokens * K * 10 * F * 2.0), rel=1e-9)
+
+
+def test_gpt_oss_rows_price_the_eager_expert_passes_where_their_recipes_ran_them():
+    """Megatron-Bridge's BF16 GPT-OSS recipes run Megatron-Core's eager clamp and expert bias; its
+    full-iteration MXFP8 recipes turn Transformer Engine's op fuser on (use_transformer_engine_op_fuser)."""
+    from meshplan.cost_models.published import moe_blackwell_rows
+
+    rows = {r.label.split("(")[-1].rstrip(")"): r for r in moe_blackwell_rows() if "GPT-OSS" in r.label}
+    assert rows["mb-26.06-gptoss120b-gb200-64g-mxfp8-gbs1280"].layout_overrides["moe_fused_mlp"]
+    assert not rows["mb-26.04.01-gptoss120b-gb200-64g-bf16-gbs1280"].layout_overrides["moe_fused_mlp"]

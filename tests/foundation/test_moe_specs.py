@@ -108,7 +108,7 @@ HF_CONFIGS = {
                      "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_hidden_layers": 36,
                      "num_local_experts": 128, "num_experts_per_tok": 4, "vocab_size": 201088,
                      "attention_bias": True, "tie_word_embeddings": False, "rope_theta": 150000,
-                     "max_position_embeddings": 131072, "sliding_window": 128,
+                     "max_position_embeddings": 131072, "sliding_window": 128, "swiglu_limit": 7.0,
                      "layer_types": ["sliding_attention", "full_attention"] * 18},
 }
 
@@ -125,6 +125,9 @@ def test_hf_config_import_reads_moe_and_attention_fields(name):
 def test_specs_round_trip_and_dense_dicts_are_unchanged():
     for m in BUILTIN_MODELS.values():
         assert ModelSpec.from_dict(m.to_dict()) == m
+    # GPT-OSS's SwiGLU is clamped at its swiglu_limit; an unclamped model's MoE dict carries no such key.
+    assert BUILTIN_MODELS["gpt-oss-120b"].to_dict()["moe"]["activation_clamp"] == 7.0
+    assert "activation_clamp" not in BUILTIN_MODELS["qwen3-30b-a3b"].to_dict()["moe"]
     assert sorted(BUILTIN_MODELS["llama3-8b"].to_dict()) == sorted(
         ["name", "arch", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "tied_embeddings",
          "max_seq_len", "norm_eps", "rope_theta"])
@@ -135,6 +138,8 @@ def test_specs_round_trip_and_dense_dicts_are_unchanged():
     ({"dense_layers_first": 4}, "model.moe.dense_layers_first"),
     ({"router": "argmax"}, "model.moe.router"),
     ({"experts": 0}, "model.moe.experts"),
+    ({"activation_clamp": 0}, "model.moe.activation_clamp"),
+    ({"activation_clamp": "seven"}, "model.moe.activation_clamp"),
 ])
 def test_bad_moe_fields_name_themselves(edit, field):
     data = BUILTIN_MODELS["tiny-moe"].to_dict()
