@@ -46,10 +46,16 @@ def pairs_per_token(spec: ModelSpec, ep: int, imbalance: float) -> float:
     return spec.moe.top_k * (imbalance if ep > 1 else 1.0)
 
 
+def dispatched_share(tp: int, ep: int) -> float:
+    """The share of its micro-batch's tokens a rank routes: under EP each TP rank dispatches its 1/tp of the
+    sequence-sharded tokens; without EP every rank runs them all."""
+    return 1.0 if ep == 1 else 1.0 / tp
+
+
 def routing(spec: ModelSpec, tokens: float, tp: int, ep: int, imbalance: float) -> Routing:
     """`tokens`: the micro-batch's tokens on one rank (after CP)."""
     moe = spec.moe
-    dispatched = tokens if ep == 1 else tokens / tp
+    dispatched = tokens * dispatched_share(tp, ep)
     return Routing(dispatched, dispatched * pairs_per_token(spec, ep, imbalance), moe.experts // ep,
                    moe.expert_ffn_dim // expert_tp(ep, tp))
 
@@ -153,7 +159,7 @@ def moe_elementwise_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int) -
     """Elements per token one MoE layer's memory-bound kernels pass over in the forward beyond the SwiGLU
     activation: the router's softmax/sigmoid and top-k over the expert scores, and the permutation of the
     dispatched tokens into expert order and back (gather and scatter, each read and written)."""
-    share = 1.0 / tp if ep > 1 else 1.0
+    share = dispatched_share(tp, ep)
     return (3 * spec.moe.experts + 4 * pairs_per_token(spec, ep, imbalance) * spec.dim) * share
 
 
@@ -181,15 +187,11 @@ def megatron_expert_eager_elems(spec: ModelSpec, ep: int, imbalance: float, tp: 
     """(forward, backward) elements per token of the eager clamp and down-projection bias Megatron-Core's
     experts run on one rank (MEGATRON_CLAMP_PASSES, MEGATRON_EXPERT_BIAS_PASSES); 0 for a plain SwiGLU."""
     moe = spec.moe
-    share = (1.0 / tp if ep > 1 else 1.0) * pairs_per_token(spec, ep, imbalance)
-    width = moe.expert_ffn_dim // expert_tp(ep, tp)
-    per_pair = [0.0, 0.0]
-    for i in (0, 1):
-        if moe.activation_clamp is not None:
-            per_pair[i] += MEGATRON_CLAMP_PASSES[i] * width
-        if moe.bias:
-            per_pair[i] += MEGATRON_EXPERT_BIAS_PASSES[i] * spec.dim
-    return share * per_pair[0], share * per_pair[1]
+    pairs = dispatched_share(tp, ep) * pairs_per_token(spec, ep, imbalance)
+    clamp = moe.expert_ffn_dim // expert_tp(ep, tp) if moe.activation_clamp is not None else 0
+    bias = spec.dim if moe.bias else 0
+    fwd, bwd = (pairs * (c * clamp + b * bias) for c, b in zip(MEGATRON_CLAMP_PASSES, MEGATRON_EXPERT_BIAS_PASSES))
+    return fwd, bwd
 
 
 # Host work of an MoE layer on meshplan's runtime (runtime/moe.py, torch 2.13, eager), per micro-batch, as
