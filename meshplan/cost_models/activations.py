@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from meshplan.cost_models.moe import moe_tensors
+from meshplan.cost_models.flops import Matmul, mla_up_matmuls, mlp_matmuls, shared_expert_matmuls
+from meshplan.cost_models.moe import MOE_RECOMPUTE_DROPS, moe_tensors
 from meshplan.cost_models.saved_tensor import ActivationTensor
-from meshplan.cost_models.stacks import TORCHTITAN_OP_POLICY
+from meshplan.cost_models.stacks import TORCHTITAN_OP_POLICY, MegatronRecompute
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import DEFAULT_SAC_OPS
 
@@ -153,14 +154,37 @@ def tensor_bytes_per_token(x: ActivationTensor, tp: int, sp: bool, act_bytes: fl
     return x.elements_per_token * per / _divisor(x.shard, tp, sp, conv)
 
 
+# What each of Megatron-Core's recompute modules (MegatronRecompute) leaves out of what a block keeps without
+# AC, by tensor name (block_tensors; an MoE layer's own, moe.MOE_RECOMPUTE_DROPS): the module's outputs and
+# what runs inside it; its inputs stay, as the module runs again from them.
+# - core_attn: the attention core under tensor_parallel.checkpoint keeps q, k and v, not its output (the
+#   output projection keeps its own input) nor eager attention's scores;
+# - layernorm: input_layernorm's and pre_mlp_layernorm's outputs, discarded once consumed
+#   (CheckpointWithoutOutput), run again from their inputs;
+# - mla_up_proj: MLA's up-projections and RoPE, discarded once the attention consumed q, k and v; the
+#   latents they start from stay;
+# - mlp: a dense layer's MLP checkpointed from its normed input.
+MEGATRON_RECOMPUTE_DROPS: dict[str, tuple[str, ...]] = {
+    "core_attn": ("attn_core_out", "softmax_out", "attn_dropout_mask", "attn_dropout_out"),
+    "layernorm": ("attn_norm_out", "ffn_norm_out", "attn_norm_fp32", "ffn_norm_fp32"),
+    "mla_up_proj": ("q_mm", "k_mm", "v_mm", "q_in", "k_in", "v_in"),
+    "mlp": ("ffn_in_0", "ffn_in_1", "ffn_act", "ffn_gated"),
+    **MOE_RECOMPUTE_DROPS,
+}
+
+
 def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int, layer: int | None = None) -> set[str]:
     """Names of the tensors block `layer` (default: the last) keeps between its forward and its backward.
 
-    sac_ops: the op kinds selective AC saves (None: DEFAULT_SAC_OPS), or TORCHTITAN_OP_POLICY.
+    sac_ops: the op kinds selective AC saves (None: DEFAULT_SAC_OPS), TORCHTITAN_OP_POLICY, or a
+    MegatronRecompute (what AC none keeps less what its modules drop).
     """
     tensors = block_tensors(spec, 1, conv, layer)
     if ac == "none":
         return {x.name for x in tensors if x.no_ac_saved}
+    if isinstance(sac_ops, MegatronRecompute):
+        dropped = {name for m in sac_ops.modules for name in MEGATRON_RECOMPUTE_DROPS[m]}
+        return {x.name for x in tensors if x.no_ac_saved and x.name not in dropped}
     if ac == "full":
         return {"block_in"}
     if attention_core_only(ac, sac_ops, conv.attention):
@@ -222,8 +246,26 @@ def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash
         return set(BACKWARD_NEEDS) if compiled else set(BACKWARD_NEEDS | {"ffn_out"})
     if attention_core_only(ac, sac_ops, attention_kernel):
         return {"attention"}
+    if isinstance(sac_ops, MegatronRecompute):
+        # Its matmuls are not whole kinds (megatron_recomputed_matmuls); the attention core is.
+        return {"attention"} if "core_attn" in sac_ops.modules else set()
     if sac_ops == TORCHTITAN_OP_POLICY:
         # TorchTitan's op policy saves every other matmul; recomputes wk, wo and w3 (GPT: wk, wv, wo).
         return {"qkv_partial", "attn_out", "ffn_in_partial"} if arch == "llama" else {"qkv_partial", "attn_out"}
     kinds = DEFAULT_SAC_OPS if sac_ops is None else sac_ops
     return BACKWARD_NEEDS - set(kinds)
+
+
+def megatron_recomputed_matmuls(spec: ModelSpec, layer: int, tp: int, sac_ops) -> list[Matmul]:
+    """The forward matmuls of block `layer` a MegatronRecompute runs again (none for another policy): MLA's
+    up-projections (mla_up_proj), a dense layer's MLP (mlp), an MoE layer's shared experts (shared_experts)."""
+    if not isinstance(sac_ops, MegatronRecompute):
+        return []
+    modules, out = sac_ops.modules, []
+    if "mla_up_proj" in modules and spec.mla is not None:
+        out += mla_up_matmuls(spec, tp)
+    if "mlp" in modules and not spec.is_moe_layer(layer):
+        out += mlp_matmuls(spec, layer, tp)
+    if "shared_experts" in modules and spec.is_moe_layer(layer):
+        out += shared_expert_matmuls(spec, tp)
+    return out

@@ -8,7 +8,7 @@ from typing import Any
 
 from meshplan.cost_models import constants, forms
 from meshplan.cost_models.mfu import mfu as model_mfu, mfu_peak_name
-from meshplan.cost_models.activations import recomputed_kinds
+from meshplan.cost_models.activations import megatron_recomputed_matmuls, recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
 from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, model_flops_per_token, sac_kind
@@ -18,6 +18,7 @@ from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, STATE_BYTES, kept
                                          stage_params, weight_pass_share)
 from meshplan.cost_models.moe import ep_span, routing
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
+from meshplan.cost_models.stacks import MegatronRecompute
 from meshplan.cost_models.timing import BlockTime, block_time, embedding_time, head_time, mtp_extra_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
@@ -585,11 +586,11 @@ def _recompute_flops_per_token(lay: Layout) -> float:
     """Model FLOPs (the MFU convention) recompute adds per token, over every block."""
     kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel, lay.compile)
     spec = lay.spec
-    if not kinds:
+    if not kinds and not isinstance(lay.sac_ops, MegatronRecompute):
         return 0.0
     total = 0.0
     for layers in spec.block_kinds().values():
-        flops = 0.0
+        flops = sum(mm.flops_per_token for mm in megatron_recomputed_matmuls(spec, layers[0], 1, lay.sac_ops))
         for mm in block_matmuls(spec, layers[0]):
             kind = sac_kind(mm.kind)
             if kind in kinds:

@@ -52,14 +52,28 @@ def attention_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
     d, h = spec.dim, spec.n_heads
     if spec.mla is not None:
         a = spec.mla
-        q = ([Matmul("qkv", d, a.q_lora_rank), Matmul("qkv", a.q_lora_rank, h * a.qk_head_dim // tp)]
-             if a.q_lora_rank else [Matmul("qkv", d, h * a.qk_head_dim // tp)])
-        kv = [Matmul("qkv", d, a.kv_lora_rank + a.qk_rope_head_dim),
-              Matmul("qkv", a.kv_lora_rank, h * (a.qk_nope_head_dim + a.v_head_dim) // tp)]
-        return q + kv + [Matmul("attn_out", h * a.v_head_dim // tp, d)]
+        q_down = [Matmul("qkv", d, a.q_lora_rank)] if a.q_lora_rank else []
+        kv_down = [Matmul("qkv", d, a.kv_lora_rank + a.qk_rope_head_dim)]
+        return q_down + kv_down + mla_up_matmuls(spec, tp) + [Matmul("attn_out", h * a.v_head_dim // tp, d)]
     q, kv = h * spec.head_dim, spec.kv_dim
     return [Matmul("qkv", d, q // tp), Matmul("qkv", d, kv // tp), Matmul("qkv", d, kv // tp),
             Matmul("attn_out", q // tp, d)]
+
+
+def mla_up_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
+    """MLA's up-projections, from the query and key/value latents to the heads (the query projected from
+    the model width where it has no latent)."""
+    a, h = spec.mla, spec.n_heads
+    q_in = a.q_lora_rank or spec.dim
+    return [Matmul("qkv", q_in, h * a.qk_head_dim // tp),
+            Matmul("qkv", a.kv_lora_rank, h * (a.qk_nope_head_dim + a.v_head_dim) // tp)]
+
+
+def shared_expert_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
+    """An MoE layer's shared experts, each a SwiGLU of the expert width."""
+    moe, d = spec.moe, spec.dim
+    f = moe.expert_ffn_dim
+    return [Matmul("expert_in", d, f // tp)] * (2 * moe.shared_experts) + [Matmul("expert_out", f // tp, d)] * moe.shared_experts
 
 
 def mlp_matmuls(spec: ModelSpec, layer: int, tp: int = 1, routed: bool = True) -> list[Matmul]:

@@ -8,7 +8,7 @@ from functools import lru_cache
 from meshplan.cost_models import constants
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
-from meshplan.cost_models.stacks import stack_changes
+from meshplan.cost_models.stacks import MegatronRecompute, stack_changes
 from meshplan.specs.rules import (COMPOSITE, NCCL, cp_attention_kind, cp_kv_repeated, ep_fsdp, loss_compiled,
                                   profile_backend, rms_norm_kernel)
 
@@ -37,7 +37,9 @@ class Layout:
     stage_layers: tuple[int, ...]
     cp: int
     ac: str
-    sac_ops: tuple[str, ...] | str | None  # op kinds saved by selective AC; None = DEFAULT_SAC_OPS
+    # op kinds saved by selective AC (None: DEFAULT_SAC_OPS), or a named policy: TorchTitan's op policy,
+    # Megatron-Core's recompute modules (stacks.py)
+    sac_ops: tuple[str, ...] | str | MegatronRecompute | None
     float8: bool
     reshard_after_forward: bool
     compile: bool
@@ -276,6 +278,7 @@ def layout_of(plan: Plan) -> Layout:
     pp, v = p.pp, (p.pp_virtual_stages if p.pp > 1 else 1)
     layers = tuple(p.pp_layers) if p.pp_layers else even_split(plan.model.n_layers, pp * v)
     sac_ops = tuple(m.sac_ops) if m.sac_ops is not None else None
+    modules = tuple(m.recompute_modules) if m.recompute_modules else None
     lay = Layout(
         spec=plan.model, gpus=plan.gpus, seq_len=t.seq_len, global_batch=t.global_batch,
         micro_batch=t.micro_batch, dtype=t.dtype, dp_replicate=p.dp_replicate, dp_shard=p.dp_shard,
@@ -286,4 +289,4 @@ def layout_of(plan: Plan) -> Layout:
         ep=int(p.ep), moe_imbalance=default_imbalance(plan.model), mtp_layers=int(t.mtp_layers),
         ep_dispatch=p.ep_dispatch,
     )
-    return lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops))
+    return lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules))

@@ -15,6 +15,7 @@ from meshplan.cost_models.activations import (Convention, activation_bytes_per_t
 from meshplan.cost_models.layout import Layout, stage_kinds
 from meshplan.cost_models.moe import rank_block_params
 from meshplan.cost_models.pipeline import stage_rank
+from meshplan.cost_models.stacks import MegatronRecompute
 from meshplan.profiles.schema import Overheads
 from meshplan.specs.rules import SPLIT_BACKWARD_SCHEDULES, uses_fully_shard
 
@@ -123,9 +124,7 @@ def _rank_basis(lay: Layout, rank: int) -> _RankBasis:
     tokens = lay.tokens_per_micro
     ac_transient = 0.0
     if lay.ac != "none":
-        ac_transient = tokens * max(recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes,
-                                                                   _convention(lay), k, lay.ep, lay.moe_imbalance)
-                                    for k, _ in sp.kinds) if sp.kinds else 0.0
+        ac_transient = tokens * max(_recomputed_bytes_per_token(lay, k) for k, _ in sp.kinds) if sp.kinds else 0.0
     saved = loss_saved_bytes(lay) if sp.head and lay.pp > 1 else 0.0
     pp_buffers = 0.0
     if lay.pp > 1 and lay.pp_recv_up_front:
@@ -191,6 +190,18 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     live = mem.total
     mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * live + stranded
     return mem
+
+
+def _recomputed_bytes_per_token(lay: Layout, layer: int) -> float:
+    """What block `layer` materialises again before its backward: the whole block's backward set under a
+    wrapper that replays the block, or what Megatron-Core's recompute modules dropped (the rest is kept)."""
+    conv = _convention(lay)
+    whole = recompute_peak_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.act_bytes, conv, layer, lay.ep,
+                                           lay.moe_imbalance)
+    if not isinstance(lay.sac_ops, MegatronRecompute):
+        return whole
+    return whole - activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac, lay.sac_ops, lay.act_bytes,
+                                              conv, layer, lay.ep, lay.moe_imbalance)
 
 
 def optimizer_step_memory(lay: Layout, rank: int, overheads: Overheads) -> RankMemory:

@@ -194,6 +194,24 @@ def megatron_expert_eager_elems(spec: ModelSpec, ep: int, imbalance: float, tp: 
     return fwd, bwd
 
 
+# What Megatron-Core's recompute modules leave out of what an MoE layer keeps (moe_tensors; the block's own,
+# activations.MEGATRON_RECOMPUTE_DROPS): moe_act discards the experts' activation output once fc2 consumed it
+# and runs the activation again from fc1's output (experts.py, CheckpointWithoutOutput); shared_experts
+# checkpoints the shared experts from their input.
+MOE_RECOMPUTE_DROPS = {"moe_act": ("expert_gated",), "shared_experts": ("shared_in_0", "shared_in_1", "shared_gated")}
+
+
+def megatron_act_recompute_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int, act_passes: float,
+                                 eager_clamp: bool) -> float:
+    """Elements per token moe_act's recompute passes over on one rank: the fused activation's `act_passes`
+    over each routed pair's expert width, and the eager clamp's forward before it where the model clamps and
+    the stack runs it eagerly (MEGATRON_CLAMP_PASSES; not under Transformer Engine's op fuser)."""
+    moe = spec.moe
+    pairs = dispatched_share(tp, ep) * pairs_per_token(spec, ep, imbalance)
+    clamp = MEGATRON_CLAMP_PASSES[0] if eager_clamp and moe.activation_clamp is not None else 0.0
+    return pairs * moe.expert_ffn_dim // expert_tp(ep, tp) * (act_passes + clamp)
+
+
 # Host work of an MoE layer on meshplan's runtime (runtime/moe.py, torch 2.13, eager), per micro-batch, as
 # (forward, backward) ops beyond the dense SwiGLU MLP it replaces. Counted on tiny-moe with a
 # TorchDispatchMode, one block as the difference of 5- and 3-layer models, with and without shared experts

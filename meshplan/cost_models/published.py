@@ -300,6 +300,40 @@ def mtp_layers(row: dict[str, str]) -> int:
     return 1
 
 
+# Megatron-Core recompute modules each row's recipe ran (recompute_granularity "selective"; the plan's
+# memory.recompute_modules), read from the recipes:
+# - Megatron-Bridge (docs/sources/megatron-bridge-moe-recipes.md): Qwen3 none (qwen3_llm_pretrain.py sets
+#   recompute_granularity None in every tag); GPT-OSS-120B's BF16 presets layernorm and moe_act in every tag
+#   (gpt_oss_workload_base_configs.py v0.2.0-v0.5.0, GPT_OSS_120B_*_BF16_V1, inherited by V2), its 26.06+
+#   MXFP8 full-iteration preset none (recompute_modules=[], v0.5.0 GB200_FP8_MX_V2); DeepSeek-V3
+#   mla_up_proj, but mlp on GB200 in 26.04 and 26.04.01 (v0.4.0/v0.4.2 DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V1,
+#   PR #3031) and mla_up_proj with mlp on the 26.04.01 B200 row (v0.4.2 B200_FP8_MX_V2, PR #3368);
+# - the model zoo's printed commands (best_practice/qwen3/readme.md): the MXFP8 rows moe_act and layernorm,
+#   the BF16 row none;
+# - Megatron-LM's GB200 notes: the baseline mlp and the MLA up-projection ("--recompute-modules mlp
+#   up_proj"), the final run mlp and moe_act ("changed to --recompute-modules mlp moe_act").
+RECOMPUTE_BY_ID_PREFIX = {
+    "mb-25.09-dsv3": ("mla_up_proj", "mlp", "moe_act"),  # skipped rows (token-drop); the table's 25.09 line
+    "mb-26.04-dsv3-gb200": ("mlp",), "mb-26.04.01-dsv3-gb200": ("mlp",),
+    "mb-26.04.01-dsv3-b200": ("mla_up_proj", "mlp"),
+    "mz-qwen3-235b-gb200-256g-mxfp8": ("moe_act", "layernorm"), "mz-qwen3-235b-gb200-128g-mxfp8": ("moe_act", "layernorm"),
+    "mlm-dsv3-gb200-256g-mxfp8-baseline": ("mlp", "mla_up_proj"), "mlm-dsv3-gb200-256g-mxfp8-final": ("mlp", "moe_act"),
+}
+RECOMPUTE_BY_MODEL = {"DeepSeek-V3": ("mla_up_proj",), "GPT-OSS-120B": ("layernorm", "moe_act")}
+
+
+def recompute_modules(row: dict[str, str]) -> tuple[str, ...]:
+    """The recompute modules a Blackwell MoE row's recipe ran (RECOMPUTE_BY_ID_PREFIX, else its model's
+    Megatron-Bridge preset; none under the full-iteration bundle or for the model zoo's and Megatron-LM's
+    other rows)."""
+    for prefix, modules in RECOMPUTE_BY_ID_PREFIX.items():
+        if row["id"].startswith(prefix):
+            return modules
+    if not row["id"].startswith("mb-") or (full_iteration_graphs(row) and row["model"] == "GPT-OSS-120B"):
+        return ()
+    return RECOMPUTE_BY_MODEL.get(row["model"], ())
+
+
 def ep_dispatch(row: dict[str, str]) -> str:
     """How a Megatron-Bridge MoE row's dispatcher crossed nodes (DEEPEP_ROWS; parallel.ep_dispatch)."""
     return "deepep" if row["id"] in DEEPEP_ROWS else "all_to_all"
@@ -328,6 +362,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
         elif "known perf regression" in r["notes"]:
             skipped = "the page footnotes a known performance regression in this container"
         v = deg["vp"]
+        modules = recompute_modules(r)
         plan = Plan(
             model=resolve_model(MOE_MODELS[r["model"]]), cluster=MOE_PROFILES[r["gpu"]], gpus=deg["gpus"],
             training=TrainingSpec(seq_len=deg["seq_len"], global_batch=deg["global_batch"],
@@ -336,7 +371,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                   async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
                                   pp_virtual_stages=v, pp_layers=deepseek_v3_layout(r, deg["pp"], v), cp=deg["cp"],
                                   ep=deg["ep"], ep_dispatch=ep_dispatch(r)),
-            memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=fp8, reshard_after_forward=False),
+            memory=MemorySpec(activation_checkpointing="selective" if modules else "none", sac_ops=None, float8=fp8,
+                              reshard_after_forward=False, recompute_modules=list(modules) or None),
             compile=True, stack=MEGATRON_CORE,
         )
         # Tokens per second where the row prints them: the pages' TFLOP/s follow each release's FLOP formula,

@@ -7,10 +7,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from meshplan.specs.rules import MEGATRON_CORE, MESHPLAN, TORCHTITAN
+from meshplan.specs.rules import MEGATRON_CORE, MEGATRON_DEFAULT_RECOMPUTE, MESHPLAN, TORCHTITAN
 
 # TorchTitan's default selective policy ("op"), by name: activations.saved_names lists what it saves.
 TORCHTITAN_OP_POLICY = "torchtitan_op"
+
+
+@dataclass(frozen=True)
+class MegatronRecompute:
+    """Megatron-Core's selective recompute as a layout's selective policy (Layout.sac_ops): the modules
+    (specs/rules.py RECOMPUTE_MODULES; the plan's memory.recompute_modules) whose forward runs again in
+    backward, every other output kept (activations.MEGATRON_RECOMPUTE_DROPS; timing.megatron_recompute_time)."""
+
+    modules: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,9 @@ class Stack:
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap: SP's collectives chunk by chunk under their GEMMs
     attention_kernel: str = "cudnn"  # Layout.attention_kernel
     pp_recv_up_front: bool = True  # Layout.pp_recv_up_front: a receive buffer per micro-batch, allocated up front
+    # Whether selective AC recomputes named modules (MegatronRecompute, the plan's memory.recompute_modules)
+    # rather than saving op kinds (memory.sac_ops)
+    recomputes_modules: bool = False
 
 
 STACKS: dict[str, Stack] = {
@@ -54,9 +66,13 @@ STACKS: dict[str, Stack] = {
          "(torchtitan#1209); the part's default points elsewhere"),
         attention_kernel="flash"),
     MEGATRON_CORE: Stack(
-        ("qkv", "attn_out", "ffn_in", "ffn_out"), False, "last_microbatch",
-        ("selective recompute of the core attention alone (TransformerConfig.recompute_modules default "
-         "['core_attn']): every matmul's output kept",
+        None, False, "last_microbatch",
+        ("selective recompute by module (recompute_granularity 'selective' with TransformerConfig."
+         "recompute_modules, default ['core_attn']; the plan's memory.recompute_modules): core_attn checkpoints "
+         "the attention core, layernorm, moe_act and mla_up_proj discard their outputs once consumed and run "
+         "again before the backward needs them (CheckpointWithoutOutput, transformer_layer.py, experts.py, "
+         "multi_latent_attention.py), mlp and shared_experts checkpoint the dense MLP and the shared experts; "
+         "every other output kept",
          "gradients reduced once per step, at the last micro-batch (DistributedDataParallel's no_sync over "
          "micro-batches; the distributed optimizer)",
          "cross-entropy unfused by default (ModelParallelConfig.cross_entropy_loss_fusion False): priced as "
@@ -95,15 +111,18 @@ STACKS: dict[str, Stack] = {
          "(pipeline_parallel/p2p_communication.py), and the tensor received is the stage's input"),
         elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False, optimizer_foreach=False,
         moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True, attention_kernel="cudnn",
-        pp_recv_up_front=False),
+        pp_recv_up_front=False, recomputes_modules=True),
 }
 
 
-def stack_changes(stack: str, ac: str, sac_ops) -> dict:
+def stack_changes(stack: str, ac: str, sac_ops, recompute_modules: tuple[str, ...] | None = None) -> dict:
     """Layout fields that `stack` sets on a plan's layout (layout.layout_of)."""
     s = STACKS[stack]
-    # Every field but these two is a Layout field of the same name.
-    out: dict = {f.name: getattr(s, f.name) for f in fields(s) if f.name not in ("selective_default", "sources")}
-    if ac == "selective" and sac_ops is None and s.selective_default is not None:
+    # Every field but these three is a Layout field of the same name.
+    out: dict = {f.name: getattr(s, f.name) for f in fields(s)
+                 if f.name not in ("selective_default", "sources", "recomputes_modules")}
+    if ac == "selective" and s.recomputes_modules:
+        out["sac_ops"] = MegatronRecompute(tuple(recompute_modules or MEGATRON_DEFAULT_RECOMPUTE))
+    elif ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out

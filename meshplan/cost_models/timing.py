@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost_models import constants, forms
-from meshplan.cost_models.activations import attention_core_only, recomputed_kinds
+from meshplan.cost_models.activations import attention_core_only, megatron_recomputed_matmuls, recomputed_kinds
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
 from meshplan.cost_models.host import block_host, embedding_host, head_host, host_added, host_beyond
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, megatron_expert_eager_elems,
-                                      moe_elementwise_elems, routed_expert_times, routing)
+from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, megatron_act_recompute_elems,
+                                      megatron_expert_eager_elems, moe_elementwise_elems, routed_expert_times, routing)
+from meshplan.cost_models.stacks import MegatronRecompute
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.rules import GATHER
@@ -83,7 +84,10 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     bt.forward = mm_fwd + c.attention_forward + c.elementwise_forward + c.float8_cast / 3
     bt.backward_input = mm_fwd + c.attention_backward + c.elementwise_backward + c.float8_cast / 3
     bt.backward_weight = mm_fwd + c.float8_cast / 3
-    bt.recompute = _recompute_time(lay, c.matmul_by_kind, c.attention_forward, c.elementwise_forward)
+    if isinstance(lay.sac_ops, MegatronRecompute):
+        bt.recompute = megatron_recompute_time(lay, prof, spans, layer, c.matmul_by_kind, c.attention_forward)
+    else:
+        bt.recompute = _recompute_time(lay, c.matmul_by_kind, c.attention_forward, c.elementwise_forward)
     tp_fwd = _tp_comm_forward(lay, prof, spans)
     bt.forward_passes = 2 if lay.ac == "full" else 1
     tp_total = bt.tp_comm_issued = tp_fwd * (bt.forward_passes + 1)
@@ -266,6 +270,38 @@ def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, 
     return t + elem_fwd
 
 
+def megatron_recompute_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int,
+                            fwd_by_kind: dict[str, float], att_fwd: float) -> float:
+    """What Megatron-Core's recompute modules (MegatronRecompute) run again of block `layer`'s forward for
+    one micro-batch: their matmuls (activations.megatron_recomputed_matmuls), the attention core
+    (core_attn), their fused kernels' forward passes (the two norms; MLA's RoPE; a dense MLP's, the routed
+    experts' or the shared experts' activation, with the experts' eager clamp, moe.megatron_act_recompute_
+    elems) and, with a dense MLP, its TP collectives again."""
+    spec, dev, modules = lay.spec, prof.device, lay.sac_ops.modules
+    moe_layer = spec.is_moe_layer(layer)
+    mm_dtype = "fp8" if lay.float8 and "fp8" in dev.peak_tflops else lay.dtype
+    eff = prof.overheads.kernel_efficiency
+    t = sum(matmul_time(dev, lay.tokens_per_micro, mm.n, mm.k, mm_dtype)
+            for mm in megatron_recomputed_matmuls(spec, layer, lay.tp, lay.sac_ops)) / eff
+    if "core_attn" in modules:
+        t += att_fwd
+    passes = MEGATRON_CORE_LLAMA_PASSES if spec.arch == "llama" else MEGATRON_PASSES
+    act = passes["swiglu" if spec.arch == "llama" else "gelu"][0]
+    elems = 0.0
+    if "layernorm" in modules:
+        elems += passes["norm"][0] * 2 * spec.dim / (lay.tp if lay.sp else 1)
+    if "mla_up_proj" in modules and spec.mla is not None:
+        elems += MEGATRON_CORE_LLAMA_PASSES["rope"][0] * (spec.q_dim + spec.kv_dim) / lay.tp
+    if "mlp" in modules and not moe_layer:
+        elems += act * spec.ffn_dim / lay.tp
+        t += _mlp_tp_exposed(lay, prof, spans, fwd_by_kind)
+    if "moe_act" in modules and moe_layer:
+        elems += megatron_act_recompute_elems(spec, lay.ep, lay.moe_imbalance, lay.tp, act, not lay.moe_fused_mlp)
+    if "shared_experts" in modules and moe_layer:
+        elems += act * spec.moe.shared_experts * spec.moe.expert_ffn_dim / lay.tp
+    return t + memory_bound_time(dev, elems * lay.tokens_per_micro * lay.act_bytes)
+
+
 def elementwise_times(lay: Layout, prof: ClusterProfile, layer: int | None = None) -> tuple[float, float]:
     """(forward, backward) seconds of block `layer`'s (default: the last) memory-bound elementwise kernels."""
     dev = prof.device
@@ -428,12 +464,30 @@ def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupS
 
 
 def _hidden_under_matmuls(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float],
-                          window: float) -> float:
-    """One pass's TP collectives left exposed when each runs under `window` of the matmul it is fused with."""
+                          window: float, kinds: tuple[str, ...] | None = None) -> float:
+    """One pass's TP collectives (those beside `kinds` of matmul, default all) left exposed when each runs
+    under `window` of the matmul it is fused with."""
     by_kind: dict[str, float] = {}
     for kind, t in matmuls.items():
         by_kind[sac_kind(kind)] = by_kind.get(sac_kind(kind), 0.0) + t
-    return sum(max(0.0, c - window * by_kind.get(kind, 0.0)) for kind, c in _tp_collectives(lay, prof, spans).items())
+    return sum(max(0.0, c - window * by_kind.get(kind, 0.0)) for kind, c in _tp_collectives(lay, prof, spans).items()
+               if kinds is None or kind in kinds)
+
+
+def _mlp_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float]) -> float:
+    """A dense MLP's TP collectives in one forward pass (its recompute's), exposed as the block's are
+    (_async_tp_exposed)."""
+    if lay.tp == 1:
+        return 0.0
+    kinds = ("ffn_in", "ffn_out")
+    if lay.tp_comm_overlap and lay.sp:
+        return _hidden_under_matmuls(lay, prof, spans, matmuls, (lay.tp - 1) / lay.tp, kinds)
+    issued = sum(c for kind, c in _tp_collectives(lay, prof, spans).items() if kind in kinds)
+    if not lay.async_tp:
+        return issued
+    if forms.FORMS.async_tp == "traffic":
+        return issued * (1 - prof.overheads.tp_async_overlap)
+    return _hidden_under_matmuls(lay, prof, spans, matmuls, prof.overheads.tp_async_overlap, kinds)
 
 
 # PyTorch's ring attention (context_parallel, as TorchTitan runs it) merges each non-local ring step's

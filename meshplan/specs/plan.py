@@ -11,8 +11,8 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import (EP_DISPATCHERS, MESHPLAN, STACKS, check_runtime_rules, ep_dispatch_reason,
-                                  ep_reason, mtp_reason)
+from meshplan.specs.rules import (EP_DISPATCHERS, MESHPLAN, RECOMPUTE_MODULES, STACKS, check_runtime_rules,
+                                  ep_dispatch_reason, ep_reason, mtp_reason, recompute_modules_reason)
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -72,6 +72,9 @@ class MemorySpec:
     sac_ops: Any = None
     float8: Any = AUTO
     reshard_after_forward: Any = AUTO
+    # Megatron-Core's selective recompute modules (rules.RECOMPUTE_MODULES), on stack megatron-core in
+    # place of sac_ops; None: its default, core_attn. Written only when set.
+    recompute_modules: Any = None
 
 
 @dataclass
@@ -111,7 +114,7 @@ class Plan:
             "gpus": self.gpus,
             "training": self._training_dict(),
             "parallel": self._parallel_dict(),
-            "memory": asdict(self.memory),
+            "memory": self._memory_dict(),
             "compile": self.compile,
         }
         if self.placement:
@@ -136,6 +139,12 @@ class Plan:
             del out["ep"]  # a dense plan reads as before parallel.ep existed
         if out["ep_dispatch"] == "all_to_all":
             del out["ep_dispatch"]  # as does a plan of NCCL all-to-alls before parallel.ep_dispatch
+        return out
+
+    def _memory_dict(self) -> dict[str, Any]:
+        out = asdict(self.memory)
+        if out["recompute_modules"] is None:
+            del out["recompute_modules"]  # a plan that names none reads as before memory.recompute_modules
         return out
 
     def copy(self, **changes: Any) -> "Plan":
@@ -229,6 +238,14 @@ def _parse_memory(raw: Any) -> MemorySpec:
         if not isinstance(sac, list):
             raise InputError("memory.sac_ops", f"must be a list drawn from {', '.join(SAC_OPS)}, null or 'auto', got {sac!r}")
         sac = [as_choice(v, f"memory.sac_ops[{i}]", SAC_OPS) for i, v in enumerate(sac)]
+    modules = raw.get("recompute_modules", None)
+    if modules is not None:
+        if not isinstance(modules, list) or not modules:
+            raise InputError("memory.recompute_modules", f"must be a non-empty list drawn from "
+                                                         f"{', '.join(RECOMPUTE_MODULES)}, or null, got {modules!r}")
+        modules = [as_choice(v, f"memory.recompute_modules[{i}]", RECOMPUTE_MODULES) for i, v in enumerate(modules)]
+        if len(set(modules)) != len(modules):
+            raise InputError("memory.recompute_modules", f"names a module twice: {modules}")
     return MemorySpec(
         activation_checkpointing=as_choice(raw.get("activation_checkpointing", d.activation_checkpointing),
                                            "memory.activation_checkpointing", AC_MODES, True),
@@ -236,6 +253,7 @@ def _parse_memory(raw: Any) -> MemorySpec:
         float8=as_bool(raw.get("float8", d.float8), "memory.float8", True),
         reshard_after_forward=as_bool(raw.get("reshard_after_forward", d.reshard_after_forward),
                                       "memory.reshard_after_forward", True),
+        recompute_modules=modules,
     )
 
 
@@ -303,6 +321,9 @@ def check_consistency(plan: Plan) -> None:
     _check_tp_fields(plan)
     if mem.sac_ops not in (None, AUTO) and mem.activation_checkpointing not in ("selective", AUTO):
         raise InputError("memory.sac_ops", "applies only with activation_checkpointing: selective")
+    why = recompute_modules_reason(plan.stack, mem.activation_checkpointing, mem.recompute_modules, mem.sac_ops)
+    if why:
+        raise InputError(*why)
     check_runtime_rules(plan)
 
 

@@ -405,6 +405,30 @@ def mtp_reason(stack: str, mtp_layers: int) -> str | None:
             f"stack {MEGATRON_CORE} runs them (mtp_num_layers)")
 
 
+# Megatron-Core's selective recompute (recompute_granularity "selective", TransformerConfig.recompute_modules):
+# the modules whose forward runs again in backward instead of keeping their outputs; its default is
+# ["core_attn"]. The plan's memory.recompute_modules names them on stack megatron-core, where they take the
+# place of memory.sac_ops (activations.RECOMPUTE_DROPS, timing.megatron_recompute_time). "moe" (the whole
+# MoE layer, its all-to-alls again) is not priced, so not accepted.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts")
+MEGATRON_DEFAULT_RECOMPUTE = ("core_attn",)
+
+
+def recompute_modules_reason(stack: str, ac: str, modules, sac_ops) -> tuple[str, str] | None:
+    """(field, why) a plan's selective-recompute fields do not fit its stack, or None: recompute_modules is
+    Megatron-Core's and needs selective AC; sac_ops (op kinds saved) is the other stacks'."""
+    if modules is not None:
+        if stack != MEGATRON_CORE:
+            return ("memory.recompute_modules", f"applies only on stack {MEGATRON_CORE}, got stack {stack}; "
+                                                "use memory.sac_ops")
+        if ac not in ("selective", AUTO):
+            return "memory.recompute_modules", f"applies only with activation_checkpointing: selective, got {ac}"
+    if stack == MEGATRON_CORE and sac_ops not in (None, AUTO):
+        return ("memory.sac_ops", f"does not apply on stack {MEGATRON_CORE}, which recomputes modules; "
+                                  "use memory.recompute_modules")
+    return None
+
+
 def tied_embeddings_reason(tied: bool, tp: int, pp: int) -> str | None:
     """Why a model with tied embeddings cannot run in this layout, or None: the runtime ties the
     output projection to tok_embeddings.weight, which TP's vocab sharding and a pipeline cut split."""
