@@ -195,6 +195,14 @@ def refused_ep_dispatch():
                     "parallel.ep_dispatch")
 
 
+def refused_recompute_modules():
+    """`memory.recompute_modules` prices Megatron-Core's selective recompute by module (tests/foundation/
+    test_megatron_recompute.py); meshplan's runtime saves op kinds (sac_ops), so a plan of its stack refuses
+    the field on load."""
+    refused_on_load(raw(memory__activation_checkpointing="selective", memory__recompute_modules=["layernorm"]),
+                    "memory.recompute_modules")
+
+
 def effect_pp():
     t = build(model="tiny-4l", parallel__pp=2)
     assert list(t.model.parts[0].layers.keys()) == ["0", "1"] and t.schedule is not None
@@ -354,6 +362,7 @@ DECISIONS = {
     "parallel.cp": effect_cp, "parallel.ep": effect_ep,
     "memory.activation_checkpointing": effect_activation_checkpointing, "memory.sac_ops": effect_sac_ops,
     "memory.float8": effect_float8, "memory.reshard_after_forward": effect_reshard_after_forward,
+    "memory.recompute_modules": refused_recompute_modules,
 }
 
 
