@@ -397,6 +397,15 @@ def _megatron_elementwise_bytes(lay: Layout) -> tuple[float, float]:
 # input and writes (3, twice); the residual gradient's accumulation (3, twice); RoPE (2); SwiGLU
 # reads the gradient, gate and up and writes two gradients (5); the permute (2).
 MEGATRON_CORE_LLAMA_PASSES = {"norm": (2, 3), "residual": (3, 3), "rope": (2, 2), "swiglu": (3, 5), "permute": (2, 2)}
+# Megatron-Core's unfused RoPE (rope_utils._apply_rotary_pos_emb_bshd), which it runs where the rotation
+# carries YaRN's temperature (apply_rotary_pos_emb takes the fused kernel only with mscale 1; Megatron-Bridge
+# also turns apply_rope_fusion off for position_embedding_type "yarn", utils/fusions.py
+# validate_rope_fusion_compatibility; Megatron-Core 0d8e0714 to cd4afffa): passes per element of q and k.
+# Forward: t * cos (2), _rotate_half's negation of one half (1) and torch.cat of the halves (2), * sin (2),
+# the sum (3), torch.cat((t, t_pass)) with t_pass empty (2). Backward: each product's gradient (2 + 2), the
+# negation's (1), chunk's gradient concatenating the halves (2), the two paths' gradients summed (3), and the
+# slice t[..., :rot_dim]'s gradient written into a zeroed tensor (3).
+MEGATRON_UNFUSED_ROPE_PASSES = (12, 13)
 
 
 def _activation_width(spec: ModelSpec, layer: int) -> int:
@@ -414,14 +423,17 @@ def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[flo
     elems = {"norm": 2 * spec.dim / sp_div, "residual": 2 * spec.dim / sp_div,
              "rope": (spec.q_dim + spec.kv_dim) / lay.tp, "swiglu": _activation_width(spec, layer) / lay.tp,
              "permute": spec.attn_out_dim / lay.tp}
+    passes = MEGATRON_CORE_LLAMA_PASSES
+    if spec.yarn_mscale != 1.0:  # YaRN's temperature in the rotation: the unfused RoPE
+        passes = {**passes, "rope": MEGATRON_UNFUSED_ROPE_PASSES}
     if not spec.is_moe_layer(layer):
-        return _kernel_pass_bytes(lay, MEGATRON_CORE_LLAMA_PASSES, elems)
+        return _kernel_pass_bytes(lay, passes, elems)
     # An MoE layer's router and token permutation (moe_permute_fusion): the same passes as eager, each way;
     # and what its experts run eagerly (GPT-OSS's clamp and down-projection bias).
     routing = moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp)
     fwd, bwd = (0.0, 0.0) if lay.moe_fused_mlp else megatron_expert_eager_elems(spec, lay.ep, lay.moe_imbalance,
                                                                                   lay.tp)
-    return _kernel_pass_bytes(lay, MEGATRON_CORE_LLAMA_PASSES, elems, (routing + fwd, routing + bwd))
+    return _kernel_pass_bytes(lay, passes, elems, (routing + fwd, routing + bwd))
 
 
 def _tp_collectives(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> dict[str, float]:

@@ -3,6 +3,7 @@ parameter count (total, and active: what one token runs)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -16,7 +17,8 @@ ARCHS = ("llama", "gpt")
 # depth must be one a model can have: the deepest built-in has 126 blocks, published LLMs a few hundred.
 MAX_LAYERS = 10_000
 OPTIONAL_FIELDS = {"attention_head_dim": None, "qk_norm": False, "attention_bias": False, "attention_sinks": False,
-                   "sliding_window": None, "full_attention_every": 0, "mla": None, "moe": None}
+                   "sliding_window": None, "full_attention_every": 0, "rope_yarn_factor": None, "mla": None,
+                   "moe": None}
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class ModelSpec:
     # (0: none; GPT-OSS: 128 keys, every other layer full).
     sliding_window: int | None = None
     full_attention_every: int = 0
+    # YaRN's context-extension factor where the model scales its RoPE so (a Hugging Face config's
+    # rope_scaling {rope_type: yarn, factor}; GPT-OSS: 32). No parameters or FLOPs: its attention
+    # temperature (yarn_mscale) decides which RoPE kernel a stack can run (cost_models/timing.py).
+    rope_yarn_factor: float | None = None
     mla: MLASpec | None = None
     moe: MoESpec | None = None
 
@@ -78,8 +84,18 @@ class ModelSpec:
     @property
     def runtime_attention(self) -> bool:
         """Attention the runtime builds: GQA (gqa_attention) or DeepSeek's MLA, without sliding windows,
-        biases or sinks."""
-        return self.sliding_window is None and not (self.attention_bias or self.attention_sinks)
+        biases, sinks or YaRN's RoPE scaling."""
+        return (self.sliding_window is None and not (self.attention_bias or self.attention_sinks)
+                and self.rope_yarn_factor is None)
+
+    @property
+    def yarn_mscale(self) -> float:
+        """YaRN's attention temperature, 0.1 ln(factor) + 1 (Peng et al. 2023, eq. 22; Megatron-Core
+        yarn_rotary_pos_embedding._yarn_get_mscale): 1 without YaRN. MLA applies it to the softmax scale
+        instead (DeepSeek-V3's mscale over mscale_all_dim, 1), so its rotation carries none."""
+        if self.rope_yarn_factor is None or self.rope_yarn_factor <= 1.0 or self.mla is not None:
+            return 1.0
+        return 0.1 * math.log(self.rope_yarn_factor) + 1.0
 
     def attention_window(self, layer: int) -> int | None:
         """The keys a query of block `layer` sees at most: a sliding window, or None for full attention."""
@@ -247,6 +263,8 @@ def _optional_parts(data: dict[str, Any], field: str, n_layers: int) -> dict[str
     if data.get("sliding_window") is not None:
         out["sliding_window"] = as_int(data["sliding_window"], f"{field}.sliding_window", 1)
         out["full_attention_every"] = as_int(data.get("full_attention_every", 0), f"{field}.full_attention_every", 0)
+    if data.get("rope_yarn_factor") is not None:
+        out["rope_yarn_factor"] = as_float(data["rope_yarn_factor"], f"{field}.rope_yarn_factor", 1.0, True)
     if data.get("mla") is not None:
         out["mla"] = data["mla"] if isinstance(data["mla"], MLASpec) else MLASpec.from_dict(data["mla"], f"{field}.mla")
     if data.get("moe") is not None:

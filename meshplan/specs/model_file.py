@@ -91,7 +91,17 @@ def _hf_attention(cfg: Mapping[str, Any], model_type: str, dim: int, heads: int,
     if cfg.get("attention_bias"):
         out["attention_bias"] = as_bool(cfg["attention_bias"], f"{field}.attention_bias")
     out.update(_hf_sliding_window(cfg, field))
+    out.update(_hf_rope_scaling(cfg, field))
     return out
+
+
+def _hf_rope_scaling(cfg: Mapping[str, Any], field: str) -> dict[str, Any]:
+    """YaRN's factor where the config scales RoPE so (rope_scaling {rope_type or type: yarn, factor}: GPT-OSS,
+    DeepSeek-V3); other scalings (Llama 3's, linear, dynamic) change no kernel a stack runs and are not kept."""
+    scaling = cfg.get("rope_scaling")
+    if not isinstance(scaling, Mapping) or scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return {}
+    return {"rope_yarn_factor": as_float(scaling.get("factor", 1.0), f"{field}.rope_scaling.factor", 1.0, True)}
 
 
 def _hf_sliding_window(cfg: Mapping[str, Any], field: str) -> dict[str, Any]:

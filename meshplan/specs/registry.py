@@ -39,20 +39,23 @@ MOE_MODELS = [
          rope_theta=1e6, max_seq_len=40960, norm_eps=1e-6),
     _moe("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, 151936, 128, 8, 1536, attention_head_dim=128, qk_norm=True,
          rope_theta=1e6, max_seq_len=40960, norm_eps=1e-6),
-    # DeepSeek-V3 671B without its multi-token-prediction module (DeepSeek's 671B excludes it).
+    # DeepSeek-V3 671B without its multi-token-prediction module (DeepSeek's 671B excludes it). Its YaRN (factor
+    # 40) is left unstated: under MLA it puts no temperature into the rotation (ModelSpec.yarn_mscale), so no
+    # stack runs another kernel for it, and the runtime, which builds plain RoPE, runs the registry's model.
     _moe("deepseek-v3", 7168, 61, 128, 128, 18432, 129280, 256, 8, 2048, shared=1, dense_first=3, router="sigmoid",
          load_balance="bias", rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
          mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
     _moe("deepseek-v3-16b", 2048, 27, 16, 16, 10944, 102400, 64, 6, 1408, shared=2, dense_first=1,
          rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
          mla=MLASpec(q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
-    # GPT-OSS as published: 128-token sliding windows in every other layer, its SwiGLU clamped at 7 (swiglu_limit).
+    # GPT-OSS as published: 128-token sliding windows in every other layer, its SwiGLU clamped at 7 (swiglu_limit),
+    # its RoPE scaled by YaRN's factor 32 (rope_scaling).
     _moe("gpt-oss-120b", 2880, 36, 64, 8, 2880, 201088, 128, 4, 2880, moe_bias=True, clamp=7.0, attention_head_dim=64,
          attention_bias=True, attention_sinks=True, sliding_window=128, full_attention_every=2, rope_theta=150000.0,
-         max_seq_len=131072),
+         max_seq_len=131072, rope_yarn_factor=32.0),
     _moe("gpt-oss-20b", 2880, 24, 64, 8, 2880, 201088, 32, 4, 2880, moe_bias=True, clamp=7.0, attention_head_dim=64,
          attention_bias=True, attention_sinks=True, sliding_window=128, full_attention_every=2, rope_theta=150000.0,
-         max_seq_len=131072),
+         max_seq_len=131072, rope_yarn_factor=32.0),
     # For tests: 8 experts, top-2, one shared expert, one dense first layer.
     _moe("tiny-moe", 64, 4, 4, 2, 128, 256, 8, 2, 32, shared=1, dense_first=1, max_seq_len=256, rope_theta=10000.0),
     # For tests: DeepSeek-V3's block at toy size (MLA with a query bottleneck, sigmoid router with the

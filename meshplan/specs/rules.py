@@ -210,12 +210,13 @@ def float8_device_reason(float8: bool, device_type: str, capability: tuple[int, 
 def model_runs_reason(spec: ModelSpec) -> str | None:
     """Why the runtime cannot build this model yet, or None. It builds GQA attention of any head width (with
     Qwen3's per-head q/k norms) and DeepSeek's MLA (runtime/mla.py), each with a dense or mixture-of-experts
-    MLP (runtime/moe.py); sliding windows, attention biases or sinks would run as something else. The cost
+    MLP (runtime/moe.py), under plain RoPE; sliding windows, attention biases, sinks or YaRN's scaling would
+    run as something else. The cost
     model prices them all (plan and estimate take them); `run` refuses them in one line."""
     if spec.runtime_attention:
         return None
-    return (f"{spec.name}'s attention (sliding windows, biases or sinks) is planned and priced but not yet built "
-            "by the runtime; use a model with GQA or MLA attention to run")
+    return (f"{spec.name}'s attention (sliding windows, biases, sinks or YaRN's RoPE scaling) is planned and priced "
+            "but not yet built by the runtime; use a model with GQA or MLA attention and plain RoPE to run")
 
 
 def moe_schedule_reason(moe: bool, pp: int, schedule: str) -> str | None:

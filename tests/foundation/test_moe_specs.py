@@ -109,7 +109,9 @@ HF_CONFIGS = {
                      "num_local_experts": 128, "num_experts_per_tok": 4, "vocab_size": 201088,
                      "attention_bias": True, "tie_word_embeddings": False, "rope_theta": 150000,
                      "max_position_embeddings": 131072, "sliding_window": 128, "swiglu_limit": 7.0,
-                     "layer_types": ["sliding_attention", "full_attention"] * 18},
+                     "layer_types": ["sliding_attention", "full_attention"] * 18,
+                     "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "original_max_position_embeddings": 4096}},
 }
 
 
@@ -117,9 +119,29 @@ HF_CONFIGS = {
 def test_hf_config_import_reads_moe_and_attention_fields(name):
     got, want = from_hf_config(HF_CONFIGS[name], name), BUILTIN_MODELS[name]
     fields = ("moe", "mla", "head_dim", "qk_norm", "attention_bias", "attention_sinks", "sliding_window",
-              "full_attention_every")
+              "full_attention_every", "rope_yarn_factor")
     assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
     assert (got.num_params(), got.active_params()) == (want.num_params(), want.active_params())
+
+
+def test_yarn_is_read_from_rope_scaling_and_refused_in_one_line():
+    """GPT-OSS's rope_scaling {rope_type: yarn, factor: 32}; the older key `type` alike; Llama 3's own
+    scaling changes no kernel and is not kept; a factor that scales nothing is refused, as is running it."""
+    from meshplan.errors import InputError
+    from meshplan.specs.rules import model_runs_reason
+
+    base = dict(HF_CONFIGS["qwen3-30b-a3b"])
+    assert from_hf_config({**base, "rope_scaling": {"type": "yarn", "factor": 4}}, "m").rope_yarn_factor == 4.0
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    assert from_hf_config({**base, "rope_scaling": llama3}, "m").rope_yarn_factor is None
+    with pytest.raises(InputError) as err:
+        from_hf_config({**base, "rope_scaling": {"rope_type": "yarn", "factor": 1.0}}, "m")
+    assert str(err.value).startswith("model.rope_scaling.factor: must be > 1.0") and "\n" not in str(err.value)
+    with pytest.raises(InputError) as err:
+        ModelSpec.from_dict({**BUILTIN_MODELS["qwen3-30b-a3b"].to_dict(), "rope_yarn_factor": "x"})
+    assert str(err.value).startswith("model.rope_yarn_factor: must be a number")
+    yarn = from_hf_config({**base, "rope_scaling": {"type": "yarn", "factor": 4}}, "m")
+    assert "YaRN" in model_runs_reason(yarn) and model_runs_reason(from_hf_config(base, "m")) is None
 
 
 def test_specs_round_trip_and_dense_dicts_are_unchanged():

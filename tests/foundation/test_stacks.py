@@ -110,6 +110,27 @@ def test_megatron_core_runs_its_fused_elementwise_kernels_by_hand():
     assert ours.elementwise_kernels == "pytorch" and elementwise_times(ours, PROFILE)[0] > got[0]
 
 
+def test_megatron_core_runs_yarns_rope_unfused_by_hand():
+    """A GQA model whose RoPE carries YaRN's temperature (factor 32: mscale 0.1 ln 32 + 1): Megatron-Core
+    runs rope_utils' unfused rotation, 12 passes over q and k forward and 13 backward, where its fused
+    kernel makes 2 and 2. Llama 3 8B, seq 8192, mb 1, TP 1: q and k are 4096 + 1024 wide."""
+    import math
+    from dataclasses import replace as dc_replace
+
+    from meshplan.cost_models.compute import memory_bound_time
+    from meshplan.cost_models.timing import elementwise_times
+
+    lay = runtime_paths(layout_of(on("megatron-core")), PROFILE)
+    yarn = lay.with_(spec=dc_replace(lay.spec, rope_yarn_factor=32.0))
+    assert yarn.spec.yarn_mscale == pytest.approx(0.1 * math.log(32) + 1.0, rel=1e-12)
+    base, got = elementwise_times(lay, PROFILE), elementwise_times(yarn, PROFILE)
+    assert got[0] - base[0] == pytest.approx(memory_bound_time(PROFILE.device, 8192 * 2.0 * 10 * 5120), rel=1e-9)
+    assert got[1] - base[1] == pytest.approx(memory_bound_time(PROFILE.device, 8192 * 2.0 * 11 * 5120), rel=1e-9)
+    # MLA puts YaRN's temperature into the softmax scale, not the rotation: no other kernel.
+    from meshplan.specs.registry import resolve_model
+    assert dc_replace(resolve_model("deepseek-v3"), rope_yarn_factor=40.0).yarn_mscale == 1.0
+
+
 def test_each_stack_overlaps_data_parallel_traffic_its_way():
     """meshplan and TorchTitan run FSDP2's prefetch, Megatron-Core its buckets; the published Megatron-LM
     rows of 2021-22 their local DDP, which overlaps nothing."""
