@@ -42,11 +42,13 @@ class Forms:
     # attention runs with learnable sinks, which no profile has measured (cuDNN's GB200 benchmark ran its
     # sliding window without them), so its rows would lend their unpriced kernel time to every kernel of
     # the device (constants.UNMEASURED_KERNEL_TABLES). Chosen by nested cross-validation on the MoE tables,
-    # the only rows it moves, on every table (benchmarks/nested_rate_rows.py;
-    # benchmarks/results/validate_nested-rate_rows.txt): in 3 of 4 folds while the MoE rows were one table per
-    # model (3806845), in 2 of 4 since the model zoo's and Megatron-LM's rows are tables of their own, which
-    # weighs them as much as a model's Megatron-Bridge rows in the inner error.
-    rate_rows: str = "measured_kernels"
+    # the only rows it moves (benchmarks/nested_rate_rows.py; benchmarks/results/validate_nested-rate_rows.txt).
+    # measured_kernels shipped while the folds that decide chose it (3 of 4 folds at 3806845, 2 of the 3 that
+    # decide at 15ae290, where every table together already chose all). Since Megatron-Core's recompute
+    # modules and YaRN's RoPE are priced (749e021, 4cf3699), all is chosen on every table and in 2 of the 3
+    # folds that decide (GPT-OSS's fold is a tie: without its rows the two are one), so all ships, though
+    # its rows score worse per row out of sample (the choice is the nested procedure's, not that score's).
+    rate_rows: str = "all"
 
 
 FORMS = Forms()
