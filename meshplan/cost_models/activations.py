@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from meshplan.cost_models.flops import Matmul, mla_up_matmuls, mlp_matmuls, shared_expert_matmuls
-from meshplan.cost_models.moe import MOE_RECOMPUTE_DROPS, moe_tensors
+from meshplan.cost_models.moe import moe_recompute_drops, moe_tensors
 from meshplan.cost_models.saved_tensor import ActivationTensor
 from meshplan.cost_models.stacks import TORCHTITAN_OP_POLICY, MegatronRecompute
 from meshplan.specs.model import ModelSpec
@@ -154,23 +154,56 @@ def tensor_bytes_per_token(x: ActivationTensor, tp: int, sp: bool, act_bytes: fl
     return x.elements_per_token * per / _divisor(x.shard, tp, sp, conv)
 
 
-# What each of Megatron-Core's recompute modules (MegatronRecompute) leaves out of what a block keeps without
-# AC, by tensor name (block_tensors; an MoE layer's own, moe.MOE_RECOMPUTE_DROPS): the module's outputs and
-# what runs inside it; its inputs stay, as the module runs again from them.
+# What Megatron-Core's recompute modules (MegatronRecompute) leave out of what a block keeps without AC, by
+# tensor name (block_tensors; an MoE layer's own, moe.MOE_RECOMPUTE_DROPS): a module's outputs and what runs
+# inside it; its inputs stay, as it runs again from them.
 # - core_attn: the attention core under tensor_parallel.checkpoint keeps q, k and v, not its output (the
 #   output projection keeps its own input) nor eager attention's scores;
-# - layernorm: input_layernorm's and pre_mlp_layernorm's outputs, discarded once consumed
-#   (CheckpointWithoutOutput), run again from their inputs;
 # - mla_up_proj: MLA's up-projections and RoPE, discarded once the attention consumed q, k and v; the
 #   latents they start from stay;
-# - mlp: a dense layer's MLP checkpointed from its normed input.
-MEGATRON_RECOMPUTE_DROPS: dict[str, tuple[str, ...]] = {
-    "core_attn": ("attn_core_out", "softmax_out", "attn_dropout_mask", "attn_dropout_out"),
-    "layernorm": ("attn_norm_out", "ffn_norm_out", "attn_norm_fp32", "ffn_norm_fp32"),
-    "mla_up_proj": ("q_mm", "k_mm", "v_mm", "q_in", "k_in", "v_in"),
-    "mlp": ("ffn_in_0", "ffn_in_1", "ffn_act", "ffn_gated"),
-    **MOE_RECOMPUTE_DROPS,
-}
+# - mlp: a dense layer's MLP checkpointed from the norm's input: Transformer Engine fuses the pre-MLP norm
+#   into fc1 (LayerNormColumnParallelLinear), so the norm runs again with it;
+# - layernorm: the norms that are modules of their own (megatron_separate_norms), discarded once consumed
+#   (CheckpointWithoutOutput) and run again from their inputs.
+MEGATRON_CORE_ATTN_DROPS = ("attn_core_out", "softmax_out", "attn_dropout_mask", "attn_dropout_out")
+MEGATRON_MLA_UP_DROPS = ("q_mm", "k_mm", "v_mm", "q_in", "k_in", "v_in")
+MEGATRON_MLP_DROPS = ("ffn_in_0", "ffn_in_1", "ffn_act", "ffn_gated", "ffn_norm_out", "ffn_norm_fp32")
+NORM_OUTPUTS = {"attn": ("attn_norm_out", "attn_norm_fp32"), "ffn": ("ffn_norm_out", "ffn_norm_fp32")}
+
+
+def megatron_separate_norms(spec: ModelSpec, layer: int) -> tuple[str, ...]:
+    """The norms of block `layer` Megatron-Core builds as modules of their own under Transformer Engine,
+    which its layernorm module recomputes (transformer_layer.py recomputes a norm that is not an IdentityOp):
+    the attention's under MLA (gpt_layer_specs: MLA's spec does not fuse its input norm), the MLP's before an
+    MoE layer (the experts cannot fuse it). GQA's fuses into linear_qkv and a dense MLP's into fc1. CUDA
+    graphs over the attention or the router also keep a norm from being recomputed (not priced: the plan
+    has no graph scope)."""
+    return (("attn",) if spec.mla is not None else ()) + (("ffn",) if spec.is_moe_layer(layer) else ())
+
+
+def megatron_recompute_drops(spec: ModelSpec, layer: int, modules: tuple[str, ...]) -> set[str]:
+    """Names of block `layer`'s tensors that Megatron-Core's recompute `modules` leave out of its no-AC set."""
+    moe_layer = spec.is_moe_layer(layer)
+    names: set[str] = set()
+    if "core_attn" in modules:
+        names.update(MEGATRON_CORE_ATTN_DROPS)
+    if "mla_up_proj" in modules and spec.mla is not None:
+        names.update(MEGATRON_MLA_UP_DROPS)
+    if "mlp" in modules and not moe_layer:
+        names.update(MEGATRON_MLP_DROPS)
+    if "layernorm" in modules:
+        for norm in megatron_separate_norms(spec, layer):
+            names.update(NORM_OUTPUTS[norm])
+    if moe_layer:
+        names.update(moe_recompute_drops(modules))
+    return names
+
+
+def megatron_recomputed_norms(spec: ModelSpec, layer: int, modules: tuple[str, ...]) -> int:
+    """How many of block `layer`'s norms Megatron-Core's recompute `modules` run again: its separate norms
+    under layernorm, and a dense layer's fused pre-MLP norm with its MLP under mlp."""
+    separate = len(megatron_separate_norms(spec, layer)) if "layernorm" in modules else 0
+    return separate + (1 if "mlp" in modules and not spec.is_moe_layer(layer) else 0)
 
 
 def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int, layer: int | None = None) -> set[str]:
@@ -182,11 +215,11 @@ def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int, la
     tensors = block_tensors(spec, 1, conv, layer)
     if ac == "none":
         return {x.name for x in tensors if x.no_ac_saved}
-    if isinstance(sac_ops, MegatronRecompute):
-        dropped = {name for m in sac_ops.modules for name in MEGATRON_RECOMPUTE_DROPS[m]}
-        return {x.name for x in tensors if x.no_ac_saved and x.name not in dropped}
     if ac == "full":
         return {"block_in"}
+    if isinstance(sac_ops, MegatronRecompute):
+        dropped = megatron_recompute_drops(spec, spec.n_layers - 1 if layer is None else layer, sac_ops.modules)
+        return {x.name for x in tensors if x.no_ac_saved and x.name not in dropped}
     if attention_core_only(ac, sac_ops, conv.attention):
         return {x.name for x in tensors if x.no_ac_saved and x.name not in
                 ("softmax_out", "attn_dropout_mask", "attn_dropout_out")}

@@ -85,10 +85,10 @@ def mlp_matmuls(spec: ModelSpec, layer: int, tp: int = 1, routed: bool = True) -
         ffn_in = [Matmul("ffn_in", d, f // tp)] * (2 if spec.arch == "llama" else 1)
         return ffn_in + [Matmul("ffn_out", f // tp, d)]
     moe = spec.moe
-    experts = (moe.top_k if routed else 0) + moe.shared_experts
+    routed_k = moe.top_k if routed else 0
     f = moe.expert_ffn_dim
-    return ([Matmul("router", d, moe.experts)] + [Matmul("expert_in", d, f // tp)] * (2 * experts)
-            + [Matmul("expert_out", f // tp, d)] * experts)
+    return ([Matmul("router", d, moe.experts)] + [Matmul("expert_in", d, f // tp)] * (2 * routed_k)
+            + [Matmul("expert_out", f // tp, d)] * routed_k + shared_expert_matmuls(spec, tp))
 
 
 def logits_matmul(spec: ModelSpec, tp: int = 1) -> Matmul:

@@ -195,10 +195,15 @@ def megatron_expert_eager_elems(spec: ModelSpec, ep: int, imbalance: float, tp: 
 
 
 # What Megatron-Core's recompute modules leave out of what an MoE layer keeps (moe_tensors; the block's own,
-# activations.MEGATRON_RECOMPUTE_DROPS): moe_act discards the experts' activation output once fc2 consumed it
+# activations.megatron_recompute_drops): moe_act discards the experts' activation output once fc2 consumed it
 # and runs the activation again from fc1's output (experts.py, CheckpointWithoutOutput); shared_experts
 # checkpoints the shared experts from their input.
 MOE_RECOMPUTE_DROPS = {"moe_act": ("expert_gated",), "shared_experts": ("shared_in_0", "shared_in_1", "shared_gated")}
+
+
+def moe_recompute_drops(modules: tuple[str, ...]) -> set[str]:
+    """Names of an MoE layer's own tensors the recompute `modules` leave out (MOE_RECOMPUTE_DROPS)."""
+    return {name for m in modules for name in MOE_RECOMPUTE_DROPS.get(m, ())}
 
 
 def megatron_act_recompute_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int, act_passes: float,
@@ -209,7 +214,7 @@ def megatron_act_recompute_elems(spec: ModelSpec, ep: int, imbalance: float, tp:
     moe = spec.moe
     pairs = dispatched_share(tp, ep) * pairs_per_token(spec, ep, imbalance)
     clamp = MEGATRON_CLAMP_PASSES[0] if eager_clamp and moe.activation_clamp is not None else 0.0
-    return pairs * moe.expert_ffn_dim // expert_tp(ep, tp) * (act_passes + clamp)
+    return pairs * (moe.expert_ffn_dim // expert_tp(ep, tp)) * (act_passes + clamp)
 
 
 # Host work of an MoE layer on meshplan's runtime (runtime/moe.py, torch 2.13, eager), per micro-batch, as

@@ -35,8 +35,8 @@ is assumed once here, and printed by `meshplan validate`:
   parallelism folds into data x context x tensor parallelism as in TorchTitan (EP innermost after TP),
   expert-TP 1. MXFP8 and FP8 recipes as float8 (the parts' dense fp8 peak), BF16 as bf16. Fused
   kernels (Transformer Engine, cuDNN attention) as compiled blocks; flash attention with grouped K/V.
-  The recipes' partial recompute (MLA up-projections, layer norms, the MoE activation) is left out:
-  no activation checkpointing. Pipelines with virtual stages as Interleaved 1F1B; DeepSeek-V3's
+  The recipes' partial recompute (MLA up-projections, layer norms, the MoE activation) as Megatron-Core's
+  recompute modules (RECOMPUTE_BY_ID_PREFIX, the plan's memory.recompute_modules). Pipelines with virtual stages as Interleaved 1F1B; DeepSeek-V3's
   layers per virtual stage as its recipes lay them out (DEEPSEEK_V3_LAYOUTS: the embedding with the
   first stage's layers, the multi-token-prediction module and the loss with the last's), other models'
   split evenly. DeepSeek-V3's MTP module runs where the row ran it (the plan's training.mtp_layers: a
@@ -308,15 +308,18 @@ def mtp_layers(row: dict[str, str]) -> int:
 #   MXFP8 full-iteration preset none (recompute_modules=[], v0.5.0 GB200_FP8_MX_V2); DeepSeek-V3
 #   mla_up_proj, but mlp on GB200 in 26.04 and 26.04.01 (v0.4.0/v0.4.2 DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V1,
 #   PR #3031) and mla_up_proj with mlp on the 26.04.01 B200 row (v0.4.2 B200_FP8_MX_V2, PR #3368);
-# - the model zoo's printed commands (best_practice/qwen3/readme.md): the MXFP8 rows moe_act and layernorm,
-#   the BF16 row none;
+# - the model zoo's printed commands (best_practice/qwen3/readme.md): the MXFP8 rows moe_act and layernorm
+#   (what runs of them below), the BF16 row none;
 # - Megatron-LM's GB200 notes: the baseline mlp and the MLA up-projection ("--recompute-modules mlp
 #   up_proj"), the final run mlp and moe_act ("changed to --recompute-modules mlp moe_act").
 RECOMPUTE_BY_ID_PREFIX = {
     "mb-25.09-dsv3": ("mla_up_proj", "mlp", "moe_act"),  # skipped rows (token-drop); the table's 25.09 line
     "mb-26.04-dsv3-gb200": ("mlp",), "mb-26.04.01-dsv3-gb200": ("mlp",),
     "mb-26.04.01-dsv3-b200": ("mla_up_proj", "mlp"),
-    "mz-qwen3-235b-gb200-256g-mxfp8": ("moe_act", "layernorm"), "mz-qwen3-235b-gb200-128g-mxfp8": ("moe_act", "layernorm"),
+    # The 256-GPU MXFP8 command also names layernorm, but graphs the router (--cuda-graph-scope attn moe_router
+    # moe_preprocess), and Megatron-Core then keeps the pre-MLP norm (transformer_layer.py); the 128k one graphs
+    # nothing.
+    "mz-qwen3-235b-gb200-256g-mxfp8": ("moe_act",), "mz-qwen3-235b-gb200-128g-mxfp8": ("moe_act", "layernorm"),
     "mlm-dsv3-gb200-256g-mxfp8-baseline": ("mlp", "mla_up_proj"), "mlm-dsv3-gb200-256g-mxfp8-final": ("mlp", "moe_act"),
 }
 RECOMPUTE_BY_MODEL = {"DeepSeek-V3": ("mla_up_proj",), "GPT-OSS-120B": ("layernorm", "moe_act")}

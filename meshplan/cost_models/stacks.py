@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from meshplan.specs.rules import MEGATRON_CORE, MEGATRON_DEFAULT_RECOMPUTE, MESHPLAN, TORCHTITAN
+from meshplan.specs.rules import MEGATRON_CORE, MEGATRON_DEFAULT_RECOMPUTE, MESHPLAN, RECOMPUTE_MODULES, TORCHTITAN
 
 # TorchTitan's default selective policy ("op"), by name: activations.saved_names lists what it saves.
 TORCHTITAN_OP_POLICY = "torchtitan_op"
@@ -17,7 +17,7 @@ TORCHTITAN_OP_POLICY = "torchtitan_op"
 class MegatronRecompute:
     """Megatron-Core's selective recompute as a layout's selective policy (Layout.sac_ops): the modules
     (specs/rules.py RECOMPUTE_MODULES; the plan's memory.recompute_modules) whose forward runs again in
-    backward, every other output kept (activations.MEGATRON_RECOMPUTE_DROPS; timing.megatron_recompute_time)."""
+    backward, every other output kept (activations.megatron_recompute_drops; timing.megatron_recompute_time)."""
 
     modules: tuple[str, ...]
 
@@ -25,7 +25,8 @@ class MegatronRecompute:
 @dataclass(frozen=True)
 class Stack:
     # What `activation_checkpointing: selective` saves when the plan lists no sac_ops: None for
-    # meshplan's DEFAULT_SAC_OPS, else an op-kind tuple or a named policy (activations.saved_names).
+    # meshplan's DEFAULT_SAC_OPS, else an op-kind tuple or a named policy (activations.saved_names); a stack
+    # that recomputes modules (recomputes_modules) takes MegatronRecompute's instead.
     selective_default: tuple[str, ...] | str | None
     compiles_loss: bool  # the loss compiled with the blocks (Layout.compiles_loss)
     grad_sync: str  # every_microbatch | last_microbatch (Layout.grad_sync)
@@ -122,7 +123,8 @@ def stack_changes(stack: str, ac: str, sac_ops, recompute_modules: tuple[str, ..
     out: dict = {f.name: getattr(s, f.name) for f in fields(s)
                  if f.name not in ("selective_default", "sources", "recomputes_modules")}
     if ac == "selective" and s.recomputes_modules:
-        out["sac_ops"] = MegatronRecompute(tuple(recompute_modules or MEGATRON_DEFAULT_RECOMPUTE))
+        chosen = set(recompute_modules or MEGATRON_DEFAULT_RECOMPUTE)  # in one order: one cache entry a set
+        out["sac_ops"] = MegatronRecompute(tuple(m for m in RECOMPUTE_MODULES if m in chosen))
     elif ac == "selective" and sac_ops is None and s.selective_default is not None:
         out["sac_ops"] = s.selective_default
     return out

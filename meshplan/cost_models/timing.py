@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.cost_models import constants, forms
-from meshplan.cost_models.activations import attention_core_only, megatron_recomputed_matmuls, recomputed_kinds
+from meshplan.cost_models.activations import (attention_core_only, megatron_recomputed_matmuls,
+                                              megatron_recomputed_norms, recomputed_kinds)
 from meshplan.cost_models.comm import GroupSpan, collective_time
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
@@ -84,7 +85,7 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     bt.forward = mm_fwd + c.attention_forward + c.elementwise_forward + c.float8_cast / 3
     bt.backward_input = mm_fwd + c.attention_backward + c.elementwise_backward + c.float8_cast / 3
     bt.backward_weight = mm_fwd + c.float8_cast / 3
-    if isinstance(lay.sac_ops, MegatronRecompute):
+    if lay.ac == "selective" and isinstance(lay.sac_ops, MegatronRecompute):
         bt.recompute = megatron_recompute_time(lay, prof, spans, layer, c.matmul_by_kind, c.attention_forward)
     else:
         bt.recompute = _recompute_time(lay, c.matmul_by_kind, c.attention_forward, c.elementwise_forward)
@@ -143,6 +144,11 @@ def _forward_matmuls(lay: Layout, prof: ClusterProfile, layer: int, dtype: str) 
     return out
 
 
+def _matmul_dtype(lay: Layout, prof: ClusterProfile) -> str:
+    """The dtype a block's matmuls run in: float8 where the plan casts to it and the part has fp8 tensor cores."""
+    return "fp8" if lay.float8 and "fp8" in prof.device.peak_tflops else lay.dtype
+
+
 def block_compute(lay: Layout, prof: ClusterProfile, layer: int | None = None) -> BlockCompute:
     """Matmuls, attention, memory-bound kernels and float8 casts of block `layer` (default: the last) for
     one micro-batch."""
@@ -151,7 +157,7 @@ def block_compute(lay: Layout, prof: ClusterProfile, layer: int | None = None) -
     layer = spec.n_layers - 1 if layer is None else layer
     T = lay.tokens_per_micro
     eff = prof.overheads.kernel_efficiency
-    mm_dtype = "fp8" if lay.float8 and "fp8" in dev.peak_tflops else lay.dtype
+    mm_dtype = _matmul_dtype(lay, prof)
     fwd_by_kind = _forward_matmuls(lay, prof, layer, mm_dtype)
     if lay.attention_kernel == "eager":
         att_fwd, att_bwd = _eager_attention(lay, prof)
@@ -274,12 +280,13 @@ def megatron_recompute_time(lay: Layout, prof: ClusterProfile, spans: dict[str, 
                             fwd_by_kind: dict[str, float], att_fwd: float) -> float:
     """What Megatron-Core's recompute modules (MegatronRecompute) run again of block `layer`'s forward for
     one micro-batch: their matmuls (activations.megatron_recomputed_matmuls), the attention core
-    (core_attn), their fused kernels' forward passes (the two norms; MLA's RoPE; a dense MLP's, the routed
-    experts' or the shared experts' activation, with the experts' eager clamp, moe.megatron_act_recompute_
-    elems) and, with a dense MLP, its TP collectives again."""
+    (core_attn), their fused kernels' forward passes (the norms, activations.megatron_recomputed_norms;
+    MLA's RoPE; a dense MLP's, the routed experts' or the shared experts' activation, with the experts'
+    eager clamp, moe.megatron_act_recompute_elems) and, with a dense MLP, its TP collectives again (the
+    shared experts' are not priced again)."""
     spec, dev, modules = lay.spec, prof.device, lay.sac_ops.modules
     moe_layer = spec.is_moe_layer(layer)
-    mm_dtype = "fp8" if lay.float8 and "fp8" in dev.peak_tflops else lay.dtype
+    mm_dtype = _matmul_dtype(lay, prof)
     eff = prof.overheads.kernel_efficiency
     t = sum(matmul_time(dev, lay.tokens_per_micro, mm.n, mm.k, mm_dtype)
             for mm in megatron_recomputed_matmuls(spec, layer, lay.tp, lay.sac_ops)) / eff
@@ -287,13 +294,11 @@ def megatron_recompute_time(lay: Layout, prof: ClusterProfile, spans: dict[str, 
         t += att_fwd
     passes = MEGATRON_CORE_LLAMA_PASSES if spec.arch == "llama" else MEGATRON_PASSES
     act = passes["swiglu" if spec.arch == "llama" else "gelu"][0]
-    elems = 0.0
-    if "layernorm" in modules:
-        elems += passes["norm"][0] * 2 * spec.dim / (lay.tp if lay.sp else 1)
+    elems = passes["norm"][0] * megatron_recomputed_norms(spec, layer, modules) * spec.dim / (lay.tp if lay.sp else 1)
     if "mla_up_proj" in modules and spec.mla is not None:
         elems += MEGATRON_CORE_LLAMA_PASSES["rope"][0] * (spec.q_dim + spec.kv_dim) / lay.tp
     if "mlp" in modules and not moe_layer:
-        elems += act * spec.ffn_dim / lay.tp
+        elems += act * _activation_width(spec, layer) / lay.tp
         t += _mlp_tp_exposed(lay, prof, spans, fwd_by_kind)
     if "moe_act" in modules and moe_layer:
         elems += megatron_act_recompute_elems(spec, lay.ep, lay.moe_imbalance, lay.tp, act, not lay.moe_fused_mlp)
@@ -458,21 +463,22 @@ def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSp
 
 
 def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float],
-                      issued: float, passes: int) -> float:
-    """What a block's TP collectives leave exposed over its passes: under Transformer Engine's userbuffers
-    (Layout.tp_comm_overlap, with SP) each collective beyond (tp - 1) / tp of its matmul; else all of them
-    without async TP; with it, as forms.FORMS.async_tp says, either the fitted share tp_async_overlap of the traffic hidden, or each
+                      issued: float, passes: int, kinds: tuple[str, ...] | None = None) -> float:
+    """What a block's TP collectives (those beside `kinds` of matmul, default all; `issued` their time) leave
+    exposed over its passes: under Transformer Engine's userbuffers (Layout.tp_comm_overlap, with SP) each
+    collective beyond (tp - 1) / tp of its matmul; else all of them without async TP; with it, as
+    forms.FORMS.async_tp says, either the fitted share tp_async_overlap of the traffic hidden, or each
     collective hidden under that share of the matmul it is fused with (_tp_collectives; in backward, their
     gradients' beside the same ops' input-gradient matmuls)."""
     if lay.tp_comm_overlap and lay.sp:
         # Transformer Engine's userbuffers: tp GEMM chunks, tp - 1 exchanges, each under one chunk.
-        return passes * _hidden_under_matmuls(lay, prof, spans, matmuls, (lay.tp - 1) / lay.tp)
+        return passes * _hidden_under_matmuls(lay, prof, spans, matmuls, (lay.tp - 1) / lay.tp, kinds)
     share = prof.overheads.tp_async_overlap
     if not lay.async_tp:
         return issued
     if forms.FORMS.async_tp == "traffic":
         return issued * (1 - share)
-    return passes * _hidden_under_matmuls(lay, prof, spans, matmuls, share)
+    return passes * _hidden_under_matmuls(lay, prof, spans, matmuls, share, kinds)
 
 
 def _hidden_under_matmuls(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float],
@@ -487,19 +493,12 @@ def _hidden_under_matmuls(lay: Layout, prof: ClusterProfile, spans: dict[str, Gr
 
 
 def _mlp_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float]) -> float:
-    """A dense MLP's TP collectives in one forward pass (its recompute's), exposed as the block's are
-    (_async_tp_exposed)."""
+    """A dense MLP's TP collectives in one forward pass (its recompute's), exposed as the block's are."""
     if lay.tp == 1:
         return 0.0
     kinds = ("ffn_in", "ffn_out")
-    if lay.tp_comm_overlap and lay.sp:
-        return _hidden_under_matmuls(lay, prof, spans, matmuls, (lay.tp - 1) / lay.tp, kinds)
     issued = sum(c for kind, c in _tp_collectives(lay, prof, spans).items() if kind in kinds)
-    if not lay.async_tp:
-        return issued
-    if forms.FORMS.async_tp == "traffic":
-        return issued * (1 - prof.overheads.tp_async_overlap)
-    return _hidden_under_matmuls(lay, prof, spans, matmuls, prof.overheads.tp_async_overlap, kinds)
+    return _async_tp_exposed(lay, prof, spans, matmuls, issued, 1, kinds)
 
 
 # PyTorch's ring attention (context_parallel, as TorchTitan runs it) merges each non-local ring step's

@@ -91,13 +91,17 @@ def _hf_attention(cfg: Mapping[str, Any], model_type: str, dim: int, heads: int,
     if cfg.get("attention_bias"):
         out["attention_bias"] = as_bool(cfg["attention_bias"], f"{field}.attention_bias")
     out.update(_hf_sliding_window(cfg, field))
-    out.update(_hf_rope_scaling(cfg, field))
+    if "mla" not in out:
+        out.update(_hf_rope_scaling(cfg, field))
     return out
 
 
 def _hf_rope_scaling(cfg: Mapping[str, Any], field: str) -> dict[str, Any]:
-    """YaRN's factor where the config scales RoPE so (rope_scaling {rope_type or type: yarn, factor}: GPT-OSS,
-    DeepSeek-V3); other scalings (Llama 3's, linear, dynamic) change no kernel a stack runs and are not kept."""
+    """YaRN's factor where the config scales RoPE so (rope_scaling {rope_type or type: yarn, factor}: GPT-OSS).
+    Other scalings (Llama 3's, linear, dynamic) change no kernel a stack runs and are not kept, nor is YaRN
+    under MLA (DeepSeek-V2/V3: _hf_attention skips it), which puts its temperature into the softmax scale
+    and changes no kernel either: the import then reads as the registry's DeepSeek-V3, which the runtime
+    builds with plain RoPE."""
     scaling = cfg.get("rope_scaling")
     if not isinstance(scaling, Mapping) or scaling.get("rope_type", scaling.get("type")) != "yarn":
         return {}

@@ -319,11 +319,11 @@ def check_consistency(plan: Plan) -> None:
                              f"must be a multiple of micro_batch*dp_replicate*dp_shard = {per_step}, got {t.global_batch}")
     _check_pipeline(plan)
     _check_tp_fields(plan)
-    if mem.sac_ops not in (None, AUTO) and mem.activation_checkpointing not in ("selective", AUTO):
-        raise InputError("memory.sac_ops", "applies only with activation_checkpointing: selective")
     why = recompute_modules_reason(plan.stack, mem.activation_checkpointing, mem.recompute_modules, mem.sac_ops)
     if why:
         raise InputError(*why)
+    if mem.sac_ops not in (None, AUTO) and mem.activation_checkpointing not in ("selective", AUTO):
+        raise InputError("memory.sac_ops", "applies only with activation_checkpointing: selective")
     check_runtime_rules(plan)
 
 

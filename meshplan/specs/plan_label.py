@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from meshplan.specs.plan import DEFAULT_SAC_OPS, MESH_DIMS, Plan
+from meshplan.specs.rules import MEGATRON_CORE, MEGATRON_DEFAULT_RECOMPUTE
 
 SCHEDULE_ABBREV = {"GPipe": "GPipe", "1F1B": "1F1B", "Interleaved1F1B": "I1F1B", "LoopedBFS": "LBFS",
                    "InterleavedZeroBubble": "IZB", "ZBVZeroBubble": "ZBV", "DualPipeV": "DPV"}
@@ -22,6 +23,7 @@ LEGEND_ENTRIES = (
     (r"ZBV", "ZBV ZBVZeroBubble"), (r"DPV", "DPV DualPipeV"), (r"v\d+", "vN virtual stages"),
     (r"split", "split uneven pp_layers"), (r"AC", "AC full AC"),
     (r"SAC\(", "SAC(saved op kinds: att attention, ao attn_out, fi ffn_in, fo ffn_out)"),
+    (r"RC\(", "RC(Megatron-Core's recomputed modules)"),
     (r"aTP", "aTP async TP"), (r"noSP", "noSP TP without SP"), (r"keep", "keep no reshard after forward"),
     (r"order", "order mesh order, outer to inner"),
 )
@@ -53,6 +55,8 @@ def _ac(plan: Plan) -> str:
     m = plan.memory
     if m.activation_checkpointing == "full":
         return "AC"
+    if m.activation_checkpointing == "selective" and plan.stack == MEGATRON_CORE:
+        return "RC(" + ",".join(m.recompute_modules or MEGATRON_DEFAULT_RECOMPUTE) + ")"
     if m.activation_checkpointing == "selective":
         ops = DEFAULT_SAC_OPS if m.sac_ops is None else m.sac_ops
         return "SAC(" + ",".join(OP_ABBREV.get(k, k) for k in ops) + ")"

@@ -211,8 +211,8 @@ def model_runs_reason(spec: ModelSpec) -> str | None:
     """Why the runtime cannot build this model yet, or None. It builds GQA attention of any head width (with
     Qwen3's per-head q/k norms) and DeepSeek's MLA (runtime/mla.py), each with a dense or mixture-of-experts
     MLP (runtime/moe.py), under plain RoPE; sliding windows, attention biases, sinks or YaRN's scaling would
-    run as something else. The cost
-    model prices them all (plan and estimate take them); `run` refuses them in one line."""
+    run as something else. The cost model prices them all (plan and estimate take them); `run` refuses them
+    in one line."""
     if spec.runtime_attention:
         return None
     return (f"{spec.name}'s attention (sliding windows, biases, sinks or YaRN's RoPE scaling) is planned and priced "
@@ -409,7 +409,7 @@ def mtp_reason(stack: str, mtp_layers: int) -> str | None:
 # Megatron-Core's selective recompute (recompute_granularity "selective", TransformerConfig.recompute_modules):
 # the modules whose forward runs again in backward instead of keeping their outputs; its default is
 # ["core_attn"]. The plan's memory.recompute_modules names them on stack megatron-core, where they take the
-# place of memory.sac_ops (activations.RECOMPUTE_DROPS, timing.megatron_recompute_time). "moe" (the whole
+# place of memory.sac_ops (activations.megatron_recompute_drops, timing.megatron_recompute_time). "moe" (the whole
 # MoE layer, its all-to-alls again) is not priced, so not accepted.
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "shared_experts")
 MEGATRON_DEFAULT_RECOMPUTE = ("core_attn",)

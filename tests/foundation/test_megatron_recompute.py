@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from meshplan.cost_models.activations import PYTORCH, activation_bytes_per_token
-from meshplan.cost_models.compute import matmul_time, memory_bound_time
+from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.estimate import estimate_plan, group_spans
 from meshplan.cost_models.layout import Layout, layout_of
 from meshplan.cost_models.published import moe_blackwell_rows
@@ -56,17 +56,33 @@ def _kept(modules: tuple[str, ...], spec: ModelSpec = ONE_LAYER, layer: int = 0)
     return activation_bytes_per_token(spec, TOKENS, 1, False, ac, sac, 2.0, PYTORCH, layer)
 
 
-@pytest.mark.parametrize("modules, dropped", [
-    (("layernorm",), 2 * D),  # the attention's and the MLP's norm outputs
-    (("moe_act",), K * F),  # the routed experts' SwiGLU product, per pair
-    (("shared_experts",), 3 * SHARED * F),  # the shared expert's gate, up and product
-    (("core_attn",), D),  # the attention output SDPA keeps (the output projection keeps its own copy)
-    (("layernorm", "moe_act"), 2 * D + K * F),
+DENSE = ModelSpec.from_dict({**ONE_LAYER.to_dict(), "name": "one-dense-layer", "moe": None})
+
+
+@pytest.mark.parametrize("spec, modules, dropped", [
+    (ONE_LAYER, ("layernorm",), D),  # the pre-MLP norm's output; GQA's attention norm is fused into linear_qkv
+    (ONE_LAYER, ("moe_act",), K * F),  # the routed experts' SwiGLU product, per pair
+    (ONE_LAYER, ("shared_experts",), 3 * SHARED * F),  # the shared expert's gate, up and product
+    (ONE_LAYER, ("core_attn",), D),  # the output SDPA keeps (the output projection keeps its own copy)
+    (ONE_LAYER, ("layernorm", "moe_act"), D + K * F),
+    (ONE_LAYER, ("mlp",), 0),  # an MoE layer's MLP is no dense MLP
+    (DENSE, ("layernorm",), 0),  # both of a dense GQA block's norms are fused into the next GEMM
+    (DENSE, ("mlp",), 4 * 128 + D),  # gate, up, SiLU and product (ffn 128), and fc1's fused norm's output
+    (DENSE, ("moe_act",), 0),
 ])
-def test_each_module_drops_its_outputs_by_hand(modules, dropped):
-    """bf16, tp 1, one MoE block: what a module's recompute leaves out of what the block keeps without AC,
+def test_each_module_drops_its_outputs_by_hand(spec, modules, dropped):
+    """bf16, tp 1, one block: what a module's recompute leaves out of what the block keeps without AC,
     elements per token by hand (the ONE_LAYER tensors of test_moe_costs)."""
-    assert _kept(()) - _kept(modules) == pytest.approx(2.0 * dropped, rel=1e-12)
+    assert _kept((), spec) - _kept(modules, spec) == pytest.approx(2.0 * dropped, rel=1e-12)
+
+
+def test_layernorm_recomputes_mlas_own_attention_norm_and_an_moe_layers_mlp_norm():
+    """DeepSeek-V3: MLA's input norm is a module of its own (its spec does not fuse it), so layernorm drops
+    it in every block; the pre-MLP norm only before an MoE layer (the first three blocks are dense)."""
+    spec = resolve_model("deepseek-v3")
+    dense, moe = 0, 3
+    assert _kept((), spec, dense) - _kept(("layernorm",), spec, dense) == pytest.approx(2.0 * spec.dim, rel=1e-12)
+    assert _kept((), spec, moe) - _kept(("layernorm",), spec, moe) == pytest.approx(2.0 * 2 * spec.dim, rel=1e-12)
 
 
 def test_mla_up_proj_drops_the_heads_and_keeps_the_latents():
@@ -97,17 +113,24 @@ def test_recompute_time_by_hand():
     def passes(elems: float) -> float:
         return memory_bound_time(dev, elems * TOKENS * 2.0)
 
-    assert recompute(("layernorm",)) == pytest.approx(passes(2 * 2 * D), rel=1e-12)
+    assert recompute(("layernorm",)) == pytest.approx(passes(2 * D), rel=1e-12)  # the pre-MLP norm alone
     assert recompute(("moe_act",)) == pytest.approx(passes(3 * K * F), rel=1e-12)
     clamped = replace(ONE_LAYER, moe=replace(ONE_LAYER.moe, activation_clamp=7.0))
     assert recompute(("moe_act",), clamped) == pytest.approx(passes((3 + 8) * K * F), rel=1e-12)
     assert recompute(("moe_act",), clamped, moe_fused_mlp=True) == pytest.approx(passes(3 * K * F), rel=1e-12)
     shared = 2 * matmul_time(dev, TOKENS, F, D, "bf16") + matmul_time(dev, TOKENS, D, F, "bf16")
     assert recompute(("shared_experts",)) == pytest.approx(shared + passes(3 * SHARED * F), rel=1e-12)
-    lay = _layout(modules=("core_attn",))
-    assert recompute(("core_attn",)) == pytest.approx(block_compute(lay, PROF, 0).attention_forward, rel=1e-12)
+    # The attention core: causal, 4 heads of 16 over 128 tokens, 2 x 128 x 4 x 32 / 2 FLOPs a token forward,
+    # at cuDNN's rate for that length and head (the layout's kernel).
+    flops = TOKENS * 2 * TOKENS * 4 * 32 / 2
+    rate = attention_tflops(dev, TOKENS, "bf16", 16, kernel="cudnn")
+    assert recompute(("core_attn",)) == pytest.approx(flops / (rate * 1e12), rel=1e-12)
     # A dense layer's MLP is no MoE layer's: mlp runs nothing again here, as moe_act would in a dense block.
     assert recompute(("mlp",)) == 0.0
+    # In a dense block: its three matmuls, SwiGLU's 3 passes over 128 and fc1's fused norm's 2 over dim.
+    mlp = 2 * matmul_time(dev, TOKENS, 128, D, "bf16") + matmul_time(dev, TOKENS, D, 128, "bf16")
+    assert recompute(("mlp",), DENSE) == pytest.approx(mlp + passes(3 * 128 + 2 * D), rel=1e-12)
+    assert recompute(("layernorm", "moe_act"), DENSE) == 0.0
 
 
 def test_mla_up_proj_reruns_the_up_projections_and_rope_by_hand():
@@ -122,12 +145,69 @@ def test_mla_up_proj_reruns_the_up_projections_and_rope_by_hand():
     assert got == pytest.approx(ups + rope, rel=1e-12)
 
 
+def test_a_dense_mlps_recompute_runs_its_tp_all_reduce_again():
+    """TP 2 without SP: the dense MLP's row-parallel output is all-reduced in its forward, so its recompute
+    pays that all-reduce again (nothing hides it without async TP or userbuffers)."""
+    from meshplan.cost_models.comm import collective_time
+
+    lay = _layout(DENSE, ("mlp",), tp=2, gpus=2, dp_shard=1, global_batch=2)
+    spans = group_spans(lay, PROF)
+    c = block_compute(lay, PROF, 0)
+    got = megatron_recompute_time(lay, PROF, spans, 0, c.matmul_by_kind, c.attention_forward)
+    dev = PROF.device
+    mlp = 2 * matmul_time(dev, TOKENS, 64, D, "bf16") + matmul_time(dev, TOKENS, D, 64, "bf16")
+    all_reduce = collective_time(PROF, "all_reduce", TOKENS * D * 2.0, spans["tp"])
+    assert got == pytest.approx(mlp + memory_bound_time(dev, (3 * 64 + 2 * D) * TOKENS * 2.0) + all_reduce,
+                                rel=1e-12)
+
+
+def test_every_module_moves_memory_or_time_somewhere():
+    """Each accepted module changes what DeepSeek-V3 (MLA, dense and MoE blocks, a shared expert) keeps or
+    recomputes in some block: none is accepted and priced as nothing."""
+    from meshplan.specs.rules import RECOMPUTE_MODULES
+
+    spec = resolve_model("deepseek-v3")
+    for module in RECOMPUTE_MODULES:
+        moved = False
+        for layer in (0, 3):
+            lay = _layout(spec, (module,), stage_layers=(spec.n_layers,))
+            c = block_compute(lay, PROF, layer)
+            secs = megatron_recompute_time(lay, PROF, group_spans(lay, PROF), layer, c.matmul_by_kind,
+                                           c.attention_forward)
+            moved |= secs > 0 and _kept((), spec, layer) > _kept((module,), spec, layer)
+        assert moved, module
+
+
+def test_the_recompute_adds_its_matmuls_to_the_model_flops_and_holds_what_it_dropped():
+    """mla_up_proj on DeepSeek-V3: the HFU count adds its two up-projections in all 61 blocks, 2 FLOPs a
+    multiply-add; while a block recomputes, it holds again what it dropped, not its whole backward set."""
+    from meshplan.cost_models.estimate import _recompute_flops_per_token
+    from meshplan.cost_models.memory import _recomputed_bytes_per_token
+
+    spec = resolve_model("deepseek-v3")
+    a, h = spec.mla, spec.n_heads
+    lay = _layout(spec, ("mla_up_proj",), stage_layers=(spec.n_layers,))
+    up = 2 * (a.q_lora_rank * h * a.qk_head_dim + a.kv_lora_rank * h * (a.qk_nope_head_dim + a.v_head_dim))
+    assert _recompute_flops_per_token(lay) == pytest.approx(spec.n_layers * up, rel=1e-12)
+    assert _recomputed_bytes_per_token(lay, 0) == pytest.approx(_kept((), spec, 0) - _kept(("mla_up_proj",), spec, 0),
+                                                               rel=1e-12)
+
+
 def test_megatron_cores_selective_default_is_core_attn():
     """recompute_modules unset: Megatron-Core's default, ['core_attn'] (TransformerConfig)."""
     assert layout_of(_plan()).sac_ops == MegatronRecompute(("core_attn",))
-    named = layout_of(_plan({"recompute_modules": ["layernorm", "mlp"]}))
-    assert named.sac_ops == MegatronRecompute(("layernorm", "mlp"))
+    named = layout_of(_plan({"recompute_modules": ["mlp", "layernorm"]}))
+    assert named.sac_ops == MegatronRecompute(("layernorm", "mlp"))  # one order, that of RECOMPUTE_MODULES
     assert layout_of(_plan({"activation_checkpointing": "none"})).sac_ops is None
+
+
+def test_the_layout_label_names_the_modules():
+    from meshplan.specs.plan_label import legend, plan_label
+
+    label = plan_label(_plan({"recompute_modules": ["layernorm", "moe_act"]}))
+    assert "RC(layernorm,moe_act)" in label and "SAC(" not in label
+    assert "RC(core_attn)" in plan_label(_plan())  # Megatron-Core's default
+    assert "RC(Megatron-Core's recomputed modules)" in legend([label])
 
 
 def test_the_field_reads_writes_and_is_written_only_when_set():
@@ -171,7 +251,8 @@ def test_published_rows_recompute_what_their_recipes_did():
     assert modules("mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096") == ["mla_up_proj", "mlp"]
     assert modules("mb-26.02-dsv3-gb200-256g-mxfp8-gbs4096") == ["mla_up_proj"]
     assert modules("mb-26.04-qwen3-30b-gb200-8g-mxfp8-gbs512") is None
-    assert modules("mz-qwen3-235b-gb200-256g-mxfp8") == ["moe_act", "layernorm"]
+    assert modules("mz-qwen3-235b-gb200-256g-mxfp8") == ["moe_act"]  # its router graphed: no norm recompute
+    assert modules("mz-qwen3-235b-gb200-128g-mxfp8-seq128k") == ["moe_act", "layernorm"]
     assert modules("mlm-dsv3-gb200-256g-mxfp8-final") == ["mlp", "moe_act"]
 
 

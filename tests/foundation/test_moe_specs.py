@@ -140,6 +140,11 @@ def test_yarn_is_read_from_rope_scaling_and_refused_in_one_line():
     with pytest.raises(InputError) as err:
         ModelSpec.from_dict({**BUILTIN_MODELS["qwen3-30b-a3b"].to_dict(), "rope_yarn_factor": "x"})
     assert str(err.value).startswith("model.rope_yarn_factor: must be a number")
+    # Under MLA YaRN goes into the softmax scale: DeepSeek-V3's import reads as the registry's model.
+    dsv3 = {**HF_CONFIGS["deepseek-v3"], "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 1.0,
+                                                          "mscale_all_dim": 1.0}}
+    assert from_hf_config(dsv3, "deepseek-v3") == from_hf_config(HF_CONFIGS["deepseek-v3"], "deepseek-v3")
+    assert from_hf_config(dsv3, "deepseek-v3").rope_yarn_factor is None
     yarn = from_hf_config({**base, "rope_scaling": {"type": "yarn", "factor": 4}}, "m")
     assert "YaRN" in model_runs_reason(yarn) and model_runs_reason(from_hf_config(base, "m")) is None
 
