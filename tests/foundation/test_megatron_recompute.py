@@ -21,12 +21,8 @@ from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import plan_from_dict
 from meshplan.specs.registry import resolve_model
 
-PROF = load_profile("h100-80g-dgx")
-E, K, F, D, SHARED = 8, 2, 48, 64, 1
-ONE_LAYER = ModelSpec.from_dict({
-    "name": "one-moe-layer", "dim": D, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "ffn_dim": 128,
-    "vocab_size": 256, "max_seq_len": 256,
-    "moe": {"experts": E, "top_k": K, "expert_ffn_dim": F, "shared_experts": SHARED}})
+from test_moe_costs import D, F, K, ONE_LAYER, PROF, SHARED  # one MoE block: GQA 4 heads / 2 KV of 16
+
 TOKENS = 128  # seq 128, micro-batch 1, no CP
 
 RAW = {"version": 1, "model": "llama3-8b", "cluster": "h100-80g-dgx", "gpus": 8, "stack": "megatron-core",
