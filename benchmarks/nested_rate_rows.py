@@ -1,27 +1,37 @@
-"""Nested cross-validation of forms.py's rate_rows on the mixture-of-experts tables alone: which rows a
-device's sustained rate is fitted on (every row, or only those whose kernels are all measured).
+"""Nested cross-validation of a form that moves only the mixture-of-experts rows, on those tables alone:
+forms.py's rate_rows by default (which rows a device's sustained rate is fitted on: every row, or only those
+whose kernels are all measured), or the form named as the argument (overlap_contention: whether the
+collectives Megatron-Core's mechanisms hide inside a block slow the compute beside them; the visible rows
+of Megatron-Core, whose mechanisms they are, are all MoE rows).
 
-The choice moves only constants fitted on these tables (the Blackwell sustained fraction, the MoE host
+Such a choice moves only constants fitted on these tables (the Blackwell sustained fraction, the MoE host
 time), and only Blackwell profiles price their rows, so the dense tables would add fourteen identical
-folds at two hours on this VM; `meshplan validate --cross --nested --form rate_rows` runs them all.
+folds at two hours on this VM; `meshplan validate --cross --nested --form FORM` runs them all.
 
     python benchmarks/nested_rate_rows.py > benchmarks/results/validate_nested-rate_rows.txt
+    python benchmarks/nested_rate_rows.py overlap_contention > benchmarks/results/validate_nested-overlap_contention.txt
 """
 
 from __future__ import annotations
+
+import sys
 
 from meshplan.cost_models import forms
 from meshplan.cost_models.crossval import fold_of, is_moe_source, training_rows
 from meshplan.cost_models.nested import nested_cross_validate, nested_text
 
+MOE_ONLY_FORMS = ("rate_rows", "overlap_contention")
 
-def main() -> None:
+
+def main(form: str = "rate_rows") -> None:
+    if form not in MOE_ONLY_FORMS:
+        raise SystemExit(f"form: must be one of {', '.join(MOE_ONLY_FORMS)}, got {form!r}")
     rows = [r for r in training_rows() if is_moe_source(r.table)]
-    result = nested_cross_validate(rows, {"rate_rows": forms.ALTERNATIVES["rate_rows"]})
+    result = nested_cross_validate(rows, {form: forms.ALTERNATIVES[form]})
     print(f"{len(rows)} MoE rows of {len({r.table for r in rows})} tables, held out by model "
           f"({len({fold_of(r.table) for r in rows})} folds)")
     print(nested_text(result))
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2])

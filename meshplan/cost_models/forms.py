@@ -49,12 +49,21 @@ class Forms:
     # folds that decide (GPT-OSS's fold is a tie: without its rows the two are one), so all ships, though
     # its rows score worse per row out of sample (the choice is the nested procedure's, not that score's).
     rate_rows: str = "all"
+    # Which hidden collectives slow the compute beside them by overheads.comm_compute_slowdown (as the
+    # contention form says: their kernel work or their hidden time):
+    # data_parallel: the data-parallel ones alone (estimate.data_parallel_comm);
+    # every: also those a mechanism hides inside a block (timing.overlap_contention): the all-to-alls
+    # Megatron-Core's EP overlap runs under another micro-batch, Transformer Engine's P2P ring exchanges
+    # and its userbuffers' TP chunks. Async TP's fitted share stands for its contention too, as the pooled
+    # data-parallel share did.
+    overlap_contention: str = "data_parallel"
 
 
 FORMS = Forms()
 ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "dp_overlap": ("windows", "pooled"),
                                             "contention": ("hidden_time", "kernel_work"),
-                                            "rate_rows": ("all", "measured_kernels")}
+                                            "rate_rows": ("all", "measured_kernels"),
+                                            "overlap_contention": ("data_parallel", "every")}
 
 
 @contextmanager

@@ -93,12 +93,15 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     bt.forward_passes = 2 if lay.ac == "full" else 1
     tp_total = bt.tp_comm_issued = tp_fwd * (bt.forward_passes + 1)
     bt.tp_comm = _async_tp_exposed(lay, prof, spans, c.matmul_by_kind, tp_total, bt.forward_passes + 1)
+    if lay.tp_comm_overlap and lay.sp:
+        bt.tp_comm += overlap_contention(prof, tp_total - bt.tp_comm, spans["tp"])
     # Backward moves K/V twice over: ring attention rotates K/V again and their gradients back;
     # the gather path re-gathers K/V (saved local only) and reduce-scatters their gradients.
     cp_pass = _cp_comm(lay, prof, spans)
     bt.cp_comm_issued = cp_pass * (bt.forward_passes + CP_BACKWARD_GATHERS)
     bt.cp_comm = cp_exposed(lay, cp_pass, c.attention_forward, c.attention_backward, bt.forward_passes) * (
         1 - prof.overheads.cp_overlap)
+    bt.cp_comm += overlap_contention(prof, bt.cp_comm_issued - bt.cp_comm, spans["cp"])
     # Host work first: where the host outlasts the kernels, Megatron's EP overlap hides the all-to-alls under
     # that time too (ep_exposed).
     _add_host(bt, lay, prof, layer)
@@ -110,7 +113,22 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
         bt.ep_comm_issued = ep_fwd * (bt.forward_passes + 1)
         bt.ep_comm = ep_exposed(lay, bt.ep_comm_issued, bt.forward + bt.backward_input + bt.backward_weight
                                 + bt.recompute)
+        span = ep_span(spans, lay.ep, lay.cp, lay.tp)
+        on_node = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, GroupSpan(lay.ep, lay.ep), lay.ep_dispatch)
+        bt.ep_comm += overlap_contention(prof, bt.ep_comm_issued - bt.ep_comm, span, on_node / ep_fwd if ep_fwd else 1.0)
     return bt
+
+
+def overlap_contention(prof: ClusterProfile, hidden: float, span: GroupSpan, node_share: float | None = None) -> float:
+    """What collectives a mechanism hides inside a block cost the compute beside them, under forms.py's
+    overlap_contention every: overheads.comm_compute_slowdown times their hidden time, at the node level's
+    rate under the contention form kernel_work (`node_share`, the share of their time their kernels' work
+    takes at that rate: 1 inside a node), as estimate.contended prices the data-parallel ones. Charged to
+    the collectives' own exposed time. 0 under data_parallel."""
+    if forms.FORMS.overlap_contention != "every" or hidden <= 0.0:
+        return 0.0
+    share = 1.0 if forms.FORMS.contention == "hidden_time" or span.nodes <= 1 else (node_share or 1.0)
+    return prof.overheads.comm_compute_slowdown * hidden * share
 
 
 def ep_exposed(lay: Layout, issued: float, compute: float) -> float:

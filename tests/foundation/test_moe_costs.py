@@ -129,6 +129,22 @@ def test_megatron_ep_overlap_leaves_what_exceeds_the_blocks_compute():
     assert bt.ep_comm == bt.ep_comm_issued > 0
 
 
+def test_hidden_all_to_alls_slow_the_compute_only_under_the_every_form():
+    """forms.py overlap_contention: under every, the all-to-alls EP overlap hides cost comm_compute_slowdown
+    times their hidden time (one node: their kernels' work at the node level's rate is all of it); under
+    data_parallel, the shipped form, nothing."""
+    from meshplan.cost_models import forms
+
+    lay = _layout(ep=8, seq_len=4096, ep_overlap=True, host_counted=False)
+    spans = group_spans(lay, PROF)
+    shipped = block_time(lay, PROF, spans, 0)
+    assert shipped.ep_comm == 0.0 < shipped.ep_comm_issued  # all hidden (the test above)
+    with forms.forms(overlap_contention="every"):
+        every = block_time(lay, PROF, spans, 0)
+    assert every.ep_comm == pytest.approx(PROF.overheads.comm_compute_slowdown * shipped.ep_comm_issued, rel=1e-12)
+    assert PROF.overheads.comm_compute_slowdown == pytest.approx(0.189)  # Lee et al., the mean slowdown
+
+
 def test_megatron_bridge_rows_overlap_where_their_recipes_did():
     """docs/sources/megatron-bridge-moe-recipes.md: the 26.06+ GB200 MXFP8 recipes (full iteration) and three
     earlier rows; every other row issues its all-to-alls in line."""
