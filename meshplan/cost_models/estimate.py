@@ -221,15 +221,16 @@ def profile_cache(prof: ClusterProfile) -> dict:
 def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     """What a block's time depends on: the key of its memo (stage_inputs) and of the planner's per-layer times."""
     key = ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
-           lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.elementwise_kernels,
-           lay.kv_repeated, lay.cp_attention, lay.cp_ring_overlap, lay.tp_comm_overlap, spans["tp"], spans["cp"])
+           lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.attention_dtype,
+           lay.elementwise_kernels, lay.norm_fp32, lay.host_ahead, lay.host_counted, lay.kv_repeated,
+           lay.cp_attention, lay.cp_ring_overlap, lay.tp_comm_overlap, spans["tp"], spans["cp"])
     # Expert parallelism changes MoE blocks only: a dense model's key stays as it was.
     if not lay.spec.is_moe:
         return key
     # An MoE block sees dp_shard only through its EP group's span (moe.ep_span), which is what the key holds.
     group = ep_span(spans, lay.ep, lay.cp, lay.tp) if lay.ep > 1 else None
     overlapped = lay.ep_overlap and lay.n_micro >= 2  # timing.ep_exposed
-    return key + (lay.ep, lay.moe_imbalance, group, overlapped, lay.moe_host_sync, lay.ep_dispatch)
+    return key + (lay.ep, lay.moe_imbalance, group, overlapped, lay.moe_host_sync, lay.moe_fused_mlp, lay.ep_dispatch)
 
 
 @dataclass

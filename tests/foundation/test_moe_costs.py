@@ -145,6 +145,28 @@ def test_hidden_all_to_alls_slow_the_compute_only_under_the_every_form():
     assert PROF.overheads.comm_compute_slowdown == pytest.approx(0.189)  # Lee et al., the mean slowdown
 
 
+def test_the_block_memo_tells_apart_what_the_block_time_reads():
+    """stage_inputs memoises block times on the profile by block_key: two layouts that differ only in a field
+    the block time reads must not share an entry. A clamped expert run eagerly or under the op fuser, and
+    attention in bf16 or MXFP8, are priced apart through the memo as without it."""
+    from dataclasses import replace
+
+    from meshplan.cost_models.estimate import block_key, stage_inputs
+
+    spec = replace(ONE_LAYER, moe=replace(ONE_LAYER.moe, activation_clamp=7.0))
+    eager = _layout(spec=spec, elementwise_kernels="megatron", ep=8, host_counted=False)
+    prof = load_profile("gb200-186g-nvl72")  # a profile with MXFP8 attention points
+    for field, value in (("moe_fused_mlp", True), ("attention_dtype", "mxfp8"), ("host_counted", True),
+                         ("host_ahead", False), ("norm_fp32", True)):
+        other = eager.with_(**{field: value})
+        spans = group_spans(eager, prof)
+        assert block_key(eager, spans) != block_key(other, spans), field
+    fused = eager.with_(moe_fused_mlp=True)
+    memo = {lay.moe_fused_mlp: stage_inputs(lay, prof)[1][0].forward for lay in (eager, fused)}
+    assert memo[True] < memo[False]
+    assert memo[True] == pytest.approx(block_time(fused, prof, group_spans(fused, prof), 0).forward, rel=1e-12)
+
+
 def test_megatron_bridge_rows_overlap_where_their_recipes_did():
     """docs/sources/megatron-bridge-moe-recipes.md: the 26.06+ GB200 MXFP8 recipes (full iteration) and three
     earlier rows; every other row issues its all-to-alls in line."""
