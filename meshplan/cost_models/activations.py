@@ -167,8 +167,8 @@ def tensor_bytes_per_token(x: ActivationTensor, tp: int, sp: bool, act_bytes: fl
 #   (CheckpointWithoutOutput) and run again from their inputs.
 MEGATRON_CORE_ATTN_DROPS = ("attn_core_out", "softmax_out", "attn_dropout_mask", "attn_dropout_out")
 MEGATRON_MLA_UP_DROPS = ("q_mm", "k_mm", "v_mm", "q_in", "k_in", "v_in")
-MEGATRON_MLP_DROPS = ("ffn_in_0", "ffn_in_1", "ffn_act", "ffn_gated", "ffn_norm_out", "ffn_norm_fp32")
 NORM_OUTPUTS = {"attn": ("attn_norm_out", "attn_norm_fp32"), "ffn": ("ffn_norm_out", "ffn_norm_fp32")}
+MEGATRON_MLP_DROPS = ("ffn_in_0", "ffn_in_1", "ffn_act", "ffn_gated") + NORM_OUTPUTS["ffn"]
 
 
 def megatron_separate_norms(spec: ModelSpec, layer: int) -> tuple[str, ...]:
@@ -200,10 +200,11 @@ def megatron_recompute_drops(spec: ModelSpec, layer: int, modules: tuple[str, ..
 
 
 def megatron_recomputed_norms(spec: ModelSpec, layer: int, modules: tuple[str, ...]) -> int:
-    """How many of block `layer`'s norms Megatron-Core's recompute `modules` run again: its separate norms
-    under layernorm, and a dense layer's fused pre-MLP norm with its MLP under mlp."""
-    separate = len(megatron_separate_norms(spec, layer)) if "layernorm" in modules else 0
-    return separate + (1 if "mlp" in modules and not spec.is_moe_layer(layer) else 0)
+    """How many of block `layer`'s norms Megatron-Core's recompute `modules` run again: those whose outputs
+    they drop (megatron_recompute_drops: its separate norms under layernorm, and a dense layer's fused
+    pre-MLP norm with its MLP under mlp)."""
+    dropped = megatron_recompute_drops(spec, layer, modules)
+    return sum(outputs[0] in dropped for outputs in NORM_OUTPUTS.values())
 
 
 def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int, layer: int | None = None) -> set[str]:

@@ -186,11 +186,11 @@ MEGATRON_EXPERT_BIAS_PASSES = (6.0, 8.0)
 def megatron_expert_eager_elems(spec: ModelSpec, ep: int, imbalance: float, tp: int) -> tuple[float, float]:
     """(forward, backward) elements per token of the eager clamp and down-projection bias Megatron-Core's
     experts run on one rank (MEGATRON_CLAMP_PASSES, MEGATRON_EXPERT_BIAS_PASSES); 0 for a plain SwiGLU."""
-    moe = spec.moe
-    pairs = dispatched_share(tp, ep) * pairs_per_token(spec, ep, imbalance)
-    clamp = moe.expert_ffn_dim // expert_tp(ep, tp) if moe.activation_clamp is not None else 0
+    moe, per_token = spec.moe, routing(spec, 1.0, tp, ep, imbalance)
+    clamp = per_token.width if moe.activation_clamp is not None else 0
     bias = spec.dim if moe.bias else 0
-    fwd, bwd = (pairs * (c * clamp + b * bias) for c, b in zip(MEGATRON_CLAMP_PASSES, MEGATRON_EXPERT_BIAS_PASSES))
+    fwd, bwd = (per_token.pairs * (c * clamp + b * bias)
+                for c, b in zip(MEGATRON_CLAMP_PASSES, MEGATRON_EXPERT_BIAS_PASSES))
     return fwd, bwd
 
 
@@ -211,10 +211,9 @@ def megatron_act_recompute_elems(spec: ModelSpec, ep: int, imbalance: float, tp:
     """Elements per token moe_act's recompute passes over on one rank: the fused activation's `act_passes`
     over each routed pair's expert width, and the eager clamp's forward before it where the model clamps and
     the stack runs it eagerly (MEGATRON_CLAMP_PASSES; not under Transformer Engine's op fuser)."""
-    moe = spec.moe
-    pairs = dispatched_share(tp, ep) * pairs_per_token(spec, ep, imbalance)
-    clamp = MEGATRON_CLAMP_PASSES[0] if eager_clamp and moe.activation_clamp is not None else 0.0
-    return pairs * (moe.expert_ffn_dim // expert_tp(ep, tp)) * (act_passes + clamp)
+    per_token = routing(spec, 1.0, tp, ep, imbalance)
+    clamp = MEGATRON_CLAMP_PASSES[0] if eager_clamp and spec.moe.activation_clamp is not None else 0.0
+    return per_token.pairs * per_token.width * (act_passes + clamp)
 
 
 # Host work of an MoE layer on meshplan's runtime (runtime/moe.py, torch 2.13, eager), per micro-batch, as

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from meshplan.cost_models import constants, forms
 from meshplan.cost_models.activations import (attention_core_only, megatron_recomputed_matmuls,
@@ -114,21 +115,28 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
         bt.ep_comm = ep_exposed(lay, bt.ep_comm_issued, bt.forward + bt.backward_input + bt.backward_weight
                                 + bt.recompute)
         span = ep_span(spans, lay.ep, lay.cp, lay.tp)
-        on_node = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, GroupSpan(lay.ep, lay.ep), lay.ep_dispatch)
-        bt.ep_comm += overlap_contention(prof, bt.ep_comm_issued - bt.ep_comm, span, on_node / ep_fwd if ep_fwd else 1.0)
+
+        def node_share() -> float:
+            on_node = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, GroupSpan(lay.ep, lay.ep),
+                                      lay.ep_dispatch)
+            return on_node / ep_fwd if ep_fwd else 1.0
+
+        bt.ep_comm += overlap_contention(prof, bt.ep_comm_issued - bt.ep_comm, span, node_share)
     return bt
 
 
-def overlap_contention(prof: ClusterProfile, hidden: float, span: GroupSpan, node_share: float | None = None) -> float:
+def overlap_contention(prof: ClusterProfile, hidden: float, span: GroupSpan,
+                       node_share: Callable[[], float] | None = None) -> float:
     """What collectives a mechanism hides inside a block cost the compute beside them, under forms.py's
     overlap_contention every: overheads.comm_compute_slowdown times their hidden time, at the node level's
-    rate under the contention form kernel_work (`node_share`, the share of their time their kernels' work
-    takes at that rate: 1 inside a node), as estimate.contended prices the data-parallel ones. Charged to
-    the collectives' own exposed time. 0 under data_parallel."""
+    rate under the contention form kernel_work (`node_share()`, the share of their time their kernels' work
+    takes at that rate, asked only for a group across nodes: 1 inside one), as estimate.contended prices the
+    data-parallel ones. Charged to the collectives' own exposed time. 0 under data_parallel, the shipped
+    form, which computes nothing more."""
     if forms.FORMS.overlap_contention != "every" or hidden <= 0.0:
         return 0.0
-    share = 1.0 if forms.FORMS.contention == "hidden_time" or span.nodes <= 1 else (node_share or 1.0)
-    return prof.overheads.comm_compute_slowdown * hidden * share
+    across = forms.FORMS.contention != "hidden_time" and span.nodes > 1 and node_share is not None
+    return prof.overheads.comm_compute_slowdown * hidden * (node_share() if across else 1.0)
 
 
 def ep_exposed(lay: Layout, issued: float, compute: float) -> float:
