@@ -43,6 +43,7 @@ def flatten_plan(config: Config) -> dict[str, Any]:
         for key, value in asdict(getattr(plan, section)).items():
             out[f"{section}.{key}"] = scalar(value)
     out["compile"] = plan.compile
+    out["stack"] = plan.stack  # the same layout prices differently per stack
     return out
 
 
@@ -85,8 +86,11 @@ def flatten_config(config: Config) -> dict[str, Any]:
 
 
 def plan_table(configs: list[Config]) -> pd.DataFrame:
-    """Plan fields (rows) by configuration (columns)."""
-    return pd.DataFrame({c.name: flatten_plan(c) for c in configs})
+    """Plan fields (rows) by configuration (columns), without the optional fields no configuration sets
+    (a stack's own field such as memory.recompute_modules, pp_layers on an even split): a row of blanks
+    says nothing. The CSV export keeps every field."""
+    table = pd.DataFrame({c.name: flatten_plan(c) for c in configs})
+    return table[table.notna().any(axis=1)]
 
 
 def differing_rows(table: pd.DataFrame) -> list[str]:

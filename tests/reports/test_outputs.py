@@ -168,3 +168,31 @@ def test_a_moe_plans_report_shows_its_expert_terms(tmp_path, capsys):
     text = out.read_text()
     assert "Mixture-of-experts terms" in text and "tokens per local expert" in text
     assert f"{moe['tokens_per_local_expert']:,.0f}" in text
+
+
+def test_plan_fields_show_the_stack_and_leave_out_what_no_plan_sets(tmp_path):
+    """The same layout on two stacks prices differently, so the table says which stack each plan is for; a
+    stack's own field (memory.recompute_modules) is a row where some plan sets it, and no row of blanks
+    where none does (pp_layers on an even split likewise)."""
+    base = ("model: llama3-8b\ncluster: h100-80g-dgx\ngpus: 8\n"
+            "training: {seq_len: 4096, global_batch: 8, micro_batch: 1, dtype: bf16}\n"
+            "parallel: {dp_replicate: 1, dp_shard: 8, tp: 1, sequence_parallel: false, async_tp: false, pp: 1,"
+            " pp_schedule: 1F1B, pp_virtual_stages: 1, cp: 1}\n"
+            "memory: {activation_checkpointing: selective, float8: false, reshard_after_forward: false%s}\n"
+            "compile: false\n")
+    plain, mcore = tmp_path / "plain.yaml", tmp_path / "mcore.yaml"
+    plain.write_text(base % "")
+    mcore.write_text(base % ", recompute_modules: [core_attn, mlp]" + "stack: megatron-core\n")
+    out = tmp_path / "r.md"
+    assert cli_main(["report", str(plain), str(mcore), "-o", str(out)]) == 0
+    text = out.read_text()
+    assert "| **stack** ≠ | **meshplan** | **megatron-core** |" in text
+    assert '| **memory.recompute_modules** ≠ | **-** | **["core_attn", "mlp"]** |' in text
+    assert "pp_layers" not in text
+    assert cli_main(["report", str(plain), "-o", str(out)]) == 0
+    assert "recompute_modules" not in out.read_text()
+    # the CSV keeps every field, set or not
+    csv = tmp_path / "r.csv"
+    assert cli_main(["report", str(plain), "-o", str(csv)]) == 0
+    row = pd.read_csv(csv).iloc[0]
+    assert "memory.recompute_modules" in row.index and row["stack"] == "meshplan"
