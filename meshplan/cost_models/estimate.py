@@ -19,7 +19,7 @@ from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, STATE_BYTES, kept
 from meshplan.cost_models.moe import ep_span, routing
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
 from meshplan.cost_models.stacks import MegatronRecompute
-from meshplan.cost_models.timing import BlockTime, block_time, embedding_time, head_time, mtp_extra_time
+from meshplan.cost_models.timing import BlockTime, block_time, embedding_time, ep_alone_share, head_time, mtp_extra_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
 
@@ -229,7 +229,7 @@ def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
         return key
     # An MoE block sees dp_shard only through its EP group's span (moe.ep_span), which is what the key holds.
     group = ep_span(spans, lay.ep, lay.cp, lay.tp) if lay.ep > 1 else None
-    overlapped = lay.ep_overlap and lay.n_micro >= 2  # timing.ep_exposed
+    overlapped = ep_alone_share(lay) if lay.ep_overlap and lay.n_micro >= 2 else None  # timing.ep_exposed
     return key + (lay.ep, lay.moe_imbalance, group, overlapped, lay.moe_host_sync, lay.moe_fused_mlp, lay.ep_dispatch)
 
 

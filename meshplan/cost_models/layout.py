@@ -287,6 +287,6 @@ def layout_of(plan: Plan) -> Layout:
         ac=m.activation_checkpointing, sac_ops=sac_ops,
         float8=bool(m.float8), reshard_after_forward=bool(m.reshard_after_forward), compile=bool(plan.compile),
         ep=int(p.ep), moe_imbalance=default_imbalance(plan.model), mtp_layers=int(t.mtp_layers),
-        ep_dispatch=p.ep_dispatch,
+        ep_dispatch=p.ep_dispatch, ep_overlap=bool(p.ep_overlap),
     )
     return lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules))

@@ -228,6 +228,10 @@ EP_OVERLAP_ROWS = frozenset({
     "mb-26.04-gptoss120b-gb200-64g-bf16-gbs1280",  # HybridEP with A2A overlap (Megatron-Bridge v0.4.0)
     "mb-26.04.01-gptoss120b-gb200-64g-bf16-gbs1280",  # alltoall with overlap (PR #3561)
     "mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096",  # PP8/VP2/EP32, DeepEP, A2A overlap (PR #3368)
+    # The model zoo prints each row's command: A2A_OVERLAP=1 in the 4k MXFP8 one alone, which
+    # sbatch_benchmarking.sh turns into --overlap-moe-expert-parallel-comm --delay-wgrad-compute
+    # (yanring/Megatron-MoE-ModelZoo best_practice/qwen3/readme.md, GB200 commands, at e865051).
+    "mz-qwen3-235b-gb200-256g-mxfp8",
 })
 # Rows whose recipe dispatched through DeepEP (Megatron-Core's flex dispatcher, deepep backend), same
 # file: their tokens cross nodes once per destination node (the plan's parallel.ep_dispatch). The
@@ -261,8 +265,8 @@ def attention_dtype(row: dict[str, str]) -> str | None:
 
 
 def ep_overlapped(row: dict[str, str]) -> bool:
-    """Whether a Megatron-Bridge MoE row's recipe overlapped its all-to-alls (EP_OVERLAP_ROWS). Megatron-LM
-    and MoE model-zoo rows: their recipes are not read, and Megatron's default is off."""
+    """Whether a MoE row's recipe overlapped its all-to-alls (EP_OVERLAP_ROWS): Megatron-Bridge's recipes
+    and the model zoo's printed commands. Megatron-LM's notes print no such flag, and its default is off."""
     return full_iteration_graphs(row) or row["id"] in EP_OVERLAP_ROWS
 
 
@@ -373,7 +377,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
             parallel=ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
                                   async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
                                   pp_virtual_stages=v, pp_layers=deepseek_v3_layout(r, deg["pp"], v), cp=deg["cp"],
-                                  ep=deg["ep"], ep_dispatch=ep_dispatch(r)),
+                                  ep=deg["ep"], ep_dispatch=ep_dispatch(r), ep_overlap=ep_overlapped(r)),
             memory=MemorySpec(activation_checkpointing="selective" if modules else "none", sac_ops=None, float8=fp8,
                               reshard_after_forward=False, recompute_modules=list(modules) or None),
             compile=True, stack=MEGATRON_CORE,
@@ -385,7 +389,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                          else ("mcore_tflops_per_gpu", r["tflops_per_gpu"]))
         rows.append(PublishedRow(moe_row_table(r), label, plan, metric, float(value),
                                  skipped=skipped,
-                                 layout_overrides={**MEGATRON_MOE_OVERRIDES, "ep_overlap": ep_overlapped(r),
+                                 layout_overrides={**MEGATRON_MOE_OVERRIDES,
                                                    "moe_host_sync": not full_iteration_graphs(r),
                                                    "moe_fused_mlp": full_iteration_graphs(r),
                                                    "attention_dtype": attention_dtype(r)}))

@@ -144,11 +144,22 @@ def ep_exposed(lay: Layout, issued: float, compute: float) -> float:
     TorchTitan, Megatron-Core by default) all of it. Megatron-Core's EP overlap
     (overlap_moe_expert_parallel_comm) merges one micro-batch's forward with another's backward, layer by
     layer, and runs each all-to-all on its own stream under the other's attention, expert and
-    weight-gradient work (with delay_wgrad_compute): what exceeds that window stays exposed. Steady
-    1F1B pairs need two micro-batches; the warm-up and cool-down ones are not priced apart."""
+    weight-gradient work (with delay_wgrad_compute): what exceeds that window stays exposed. The passes
+    its schedule runs alone (ep_alone_share) keep theirs in line."""
     if not lay.ep_overlap or lay.n_micro < 2:
         return issued
-    return max(0.0, issued - compute)
+    alone = ep_alone_share(lay)
+    return alone * issued + (1.0 - alone) * max(0.0, issued - compute)
+
+
+def ep_alone_share(lay: Layout) -> float:
+    """The share of a rank's forward passes, and of its backward passes, that Megatron-Core's combined 1F1B
+    runs unpaired, their all-to-alls in line. Without a pipeline, the first forward and the last backward of
+    n_micro (combined_1f1b_schedule_for_no_pipelining). With one (the overlap needs virtual stages there),
+    rank r's warm-up forwards, (pp - r - 1) * 2 + (v - 1) * pp + 1 of its n_micro * v chunk passes (the
+    +1 the extra forward the overlap schedules: schedules.get_pp_rank_microbatches, Megatron-LM d98e8a6),
+    and as many cool-down backwards: over the ranks, pp * v on average, a share pp / n_micro either way."""
+    return min(1.0, lay.pp / lay.n_micro)
 
 
 def _routing(lay: Layout) -> Routing:

@@ -12,7 +12,7 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
 from meshplan.specs.rules import (EP_DISPATCHERS, MESHPLAN, RECOMPUTE_MODULES, STACKS, check_runtime_rules,
-                                  ep_dispatch_reason, ep_reason, mtp_reason, recompute_modules_reason)
+                                  ep_dispatch_reason, ep_overlap_reason, ep_reason, mtp_reason, recompute_modules_reason)
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -61,6 +61,9 @@ class ParallelSpec:
     # How dispatch and combine cross nodes: all_to_all | deepep (rules.ep_dispatch_reason). Written only
     # when deepep.
     ep_dispatch: Any = "all_to_all"
+    # Megatron-Core's EP overlap: all-to-alls under another micro-batch's compute (rules.ep_overlap_reason).
+    # Written only when true.
+    ep_overlap: Any = False
 
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
@@ -139,6 +142,8 @@ class Plan:
             del out["ep"]  # a dense plan reads as before parallel.ep existed
         if out["ep_dispatch"] == "all_to_all":
             del out["ep_dispatch"]  # as does a plan of NCCL all-to-alls before parallel.ep_dispatch
+        if not out["ep_overlap"]:
+            del out["ep_overlap"]  # and one of all-to-alls in line before parallel.ep_overlap
         return out
 
     def _memory_dict(self) -> dict[str, Any]:
@@ -225,6 +230,7 @@ def _parse_parallel(raw: Any) -> ParallelSpec:
         pp_schedule=as_choice(raw.get("pp_schedule", d.pp_schedule), "parallel.pp_schedule", PP_SCHEDULES, True),
         pp_layers=pp_layers,
         ep_dispatch=as_choice(raw.get("ep_dispatch", d.ep_dispatch), "parallel.ep_dispatch", EP_DISPATCHERS),
+        ep_overlap=as_bool(raw.get("ep_overlap", d.ep_overlap), "parallel.ep_overlap"),
         **ints,
     )
 
@@ -286,6 +292,10 @@ def check_consistency(plan: Plan) -> None:
     why = ep_dispatch_reason(plan.stack, p.ep_dispatch, p.ep)  # the stack's answer needs no ep; ep 1's waits for it
     if why:
         raise InputError("parallel.ep_dispatch", why)
+    if p.ep_overlap:
+        why = ep_overlap_reason(plan.stack, p.ep, p.pp, p.pp_virtual_stages, mem.activation_checkpointing, t.dtype, t.mtp_layers)
+        if why:
+            raise InputError("parallel.ep_overlap", why)
     if _known(p.tp):
         if m.n_heads % p.tp or m.n_kv_heads % p.tp:
             raise InputError("parallel.tp", f"must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads}), got {p.tp}")

@@ -393,6 +393,32 @@ def ep_dispatch_reason(stack: str, dispatch: str, ep) -> str | None:
     return None
 
 
+# Megatron-Core's EP overlap (overlap_moe_expert_parallel_comm, with delay_wgrad_compute): one micro-batch's
+# forward merged with another's backward, layer by layer, each all-to-all on its own stream under the other's
+# compute (timing.ep_exposed). meshplan's runtime and TorchTitan issue the all-to-alls in line. Megatron-Core
+# asserts the rest (transformer_config.py, Megatron-LM d98e8a6): virtual stages under a pipeline, no full
+# recompute, bf16 or fp16 weights, at most one MTP module.
+EP_OVERLAP_STACKS = (MEGATRON_CORE,)
+
+
+def ep_overlap_reason(stack: str, ep, pp, v, ac, dtype, mtp_layers: int) -> str | None:
+    """Why a plan cannot overlap its all-to-alls (parallel.ep_overlap), or None; fields still 'auto' pass."""
+    if stack not in EP_OVERLAP_STACKS:
+        return (f"applies only on stack {MEGATRON_CORE} (overlap_moe_expert_parallel_comm), got stack {stack}, "
+                "which issues the all-to-alls in line")
+    if ep == 1:
+        return "applies only with ep > 1, which has all-to-alls to overlap, got ep 1"
+    if pp not in (1, AUTO) and v == 1:
+        return f"needs pp_virtual_stages > 1 with pp > 1 (Megatron-Core asserts it), got pp {pp} and 1 virtual stage"
+    if ac == "full":
+        return "does not run with activation_checkpointing: full (Megatron-Core asserts it)"
+    if dtype == "fp32":
+        return "needs training.dtype bf16 (Megatron-Core asserts bf16 or fp16), got fp32"
+    if mtp_layers > 1:
+        return f"runs with at most 1 MTP module (Megatron-Core asserts it), got training.mtp_layers {mtp_layers}"
+    return None
+
+
 # Stacks that train multi-token-prediction modules (training.mtp_layers): Megatron-Core's mtp_num_layers.
 # meshplan's runtime builds none, and neither does TorchTitan's DeepSeek-V3.
 MTP_STACKS = (MEGATRON_CORE,)

@@ -269,6 +269,47 @@ def test_deepep_on_a_stack_without_it_is_refused_before_ep_is_chosen():
     assert str(err.value).startswith("parallel.ep_dispatch: must be all_to_all on stack meshplan")
 
 
+def test_ep_overlap_leaves_exposed_what_its_unpaired_passes_send_and_is_refused_where_megatron_refuses_it():
+    """parallel.ep_overlap: Megatron-Core's combined 1F1B. Without a pipeline it runs the first forward and
+    the last backward of n micro-batches unpaired (combined_1f1b_schedule_for_no_pipelining), so with the
+    other passes' compute long enough to hide theirs, 1 / n of the all-to-all time stays exposed: Qwen3-30B
+    on one H100 node, 32 sequences over 8 ranks, n = 4. Refused in one line on the stacks that issue the
+    all-to-alls in line and where Megatron-Core asserts against it."""
+    moe = {**RAW, "model": "qwen3-30b-a3b", "gpus": 8, "stack": "megatron-core", "compile": False,
+           "training": {**RAW["training"], "seq_len": 4096, "global_batch": 32},
+           "parallel": {**RAW["parallel"], "dp_shard": 8, "ep": 8}}
+    inline = plan_from_dict(moe)
+    overlap = plan_from_dict({**moe, "parallel": {**moe["parallel"], "ep_overlap": True}})
+    assert "ep_overlap" not in inline.to_dict()["parallel"]
+    assert plan_from_dict(overlap.to_dict()).parallel.ep_overlap is True
+    a, b = estimate_plan(inline, PROFILE), estimate_plan(overlap, PROFILE)
+    assert a.moe["ep_comm_exposed_s"] == pytest.approx(a.moe["ep_comm_issued_s"])
+    assert b.moe["ep_comm_exposed_s"] == pytest.approx(b.moe["ep_comm_issued_s"] / 4)
+    assert a.step_time_s - b.step_time_s == pytest.approx(0.75 * a.moe["ep_comm_issued_s"], rel=1e-6)
+    bad = {"stack": ("meshplan", "parallel.ep_overlap: applies only on stack megatron-core"),
+           "ep": (1, "parallel.ep_overlap: applies only with ep > 1"),
+           "pp": (2, "parallel.ep_overlap: needs pp_virtual_stages > 1 with pp > 1"),
+           "ac": ("full", "parallel.ep_overlap: does not run with activation_checkpointing: full"),
+           "mtp": (2, "parallel.ep_overlap: runs with at most 1 MTP module")}
+    for what, (value, line) in bad.items():
+        raw = {**moe, "parallel": {**moe["parallel"], "ep_overlap": True}}
+        if what == "stack":
+            raw["stack"] = value
+        elif what in ("ep", "pp"):
+            raw["parallel"] = {**raw["parallel"], what: value, "dp_shard": 8 // (2 if what == "pp" else 1)}
+            raw["gpus"] = 8
+        elif what == "ac":
+            raw["memory"] = {**raw["memory"], "activation_checkpointing": value}
+        else:
+            raw["training"] = {**raw["training"], "mtp_layers": value}
+        with pytest.raises(InputError) as err:
+            plan_from_dict(raw)
+        assert str(err.value).startswith(line) and "\n" not in str(err.value)
+    interleaved = {**moe, "parallel": {**moe["parallel"], "ep_overlap": True, "dp_shard": 4, "ep": 4, "pp": 2,
+                                       "pp_schedule": "Interleaved1F1B", "pp_virtual_stages": 2}}
+    assert plan_from_dict(interleaved).parallel.ep_overlap is True
+
+
 def test_pipeline_receive_buffers_are_allocated_up_front_by_pytorchs_pipelining_alone():
     """PP 4 over 32 GPUs (dp_shard 8), 256 sequences at micro-batch 1: 32 micro-batches a step. PyTorch's
     pipelining (meshplan, TorchTitan) allocates a receive buffer per micro-batch up front, the input in
