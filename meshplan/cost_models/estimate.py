@@ -230,7 +230,8 @@ def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     # An MoE block sees dp_shard only through its EP group's span (moe.ep_span), which is what the key holds.
     group = ep_span(spans, lay.ep, lay.cp, lay.tp) if lay.ep > 1 else None
     overlapped = ep_alone_share(lay) if lay.ep_overlap and lay.n_micro >= 2 else None  # timing.ep_exposed
-    return key + (lay.ep, lay.moe_imbalance, group, overlapped, lay.moe_host_sync, lay.moe_fused_mlp, lay.ep_dispatch)
+    return key + (lay.ep, lay.moe_imbalance, group, overlapped, lay.moe_host_sync, lay.moe_fused_mlp, lay.ep_dispatch,
+                  lay.moe_tp_gather)
 
 
 @dataclass

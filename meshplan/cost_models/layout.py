@@ -130,6 +130,10 @@ class Layout:
     # use_transformer_engine_op_fuser, off by default, on in Megatron-Bridge's full-iteration MXFP8
     # recipes), not as the eager passes moe.megatron_expert_eager_elems prices.
     moe_fused_mlp: bool = False
+    # Whether an MoE layer all-gathers its sequence shard over TP before routing and reduce-scatters its output
+    # (TorchTitan's PrepareModuleInputOutput around the layer), or each TP rank routes its own shard, only the
+    # shared experts gathering (meshplan's runtime, Megatron-Core with expert TP 1): timing._moe_gathers_over_tp.
+    moe_tp_gather: bool = False
     # Whether ring attention overlaps each of its cp - 1 K/V exchanges with a step of attention (Transformer
     # Engine's P2P ring, Megatron-Core's) or runs them in line (PyTorch's ring attention as the runtime and
     # TorchTitan run it): timing.cp_exposed.

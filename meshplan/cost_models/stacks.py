@@ -38,6 +38,7 @@ class Stack:
     host_counted: bool = True  # Layout.host_counted: host.py's op counts are of eager PyTorch modules
     optimizer_foreach: bool = True  # Layout.optimizer_foreach: torch.optim's foreach AdamW, not a fused one
     moe_host_sync: bool = False  # Layout.moe_host_sync: a host sync in every MoE layer, experts eager
+    moe_tp_gather: bool = False  # Layout.moe_tp_gather: an MoE layer gathers its sequence over TP
     cp_ring_overlap: bool = False  # Layout.cp_ring_overlap: each ring step's K/V exchange under a step's attention
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap: SP's collectives chunk by chunk under their GEMMs
     attention_kernel: str = "cudnn"  # Layout.attention_kernel
@@ -64,8 +65,12 @@ STACKS: dict[str, Stack] = {
          "'foreach' by default) and torch.nn.utils.clip_grad_norm_, as meshplan's runtime",
          "SDPA's FlashAttention-2 on Hopper, as its published runs ran it: on H100 SDPA dispatched "
          "FLASH_ATTENTION as of 2025-04 (torchtitan#1042), and TorchTitan pins cuDNN's attention on B200 only "
-         "(torchtitan#1209); the part's default points elsewhere"),
-        attention_kernel="flash"),
+         "(torchtitan#1209); the part's default points elsewhere",
+         "under TP an MoE layer all-gathers its sequence shard and reduce-scatters its output around the "
+         "whole layer, shared experts inside (apply_moe_ep_tp: PrepareModuleInputOutput to Replicate, "
+         "output Partial to Shard(1)); meshplan's runtime and Megatron-Core route each TP rank's own shard "
+         "and gather only for the shared experts"),
+        attention_kernel="flash", moe_tp_gather=True),
     MEGATRON_CORE: Stack(
         None, False, "last_microbatch",
         ("selective recompute by module (recompute_granularity 'selective' with TransformerConfig."

@@ -90,10 +90,10 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
         bt.recompute = megatron_recompute_time(lay, prof, spans, layer, c.matmul_by_kind, c.attention_forward)
     else:
         bt.recompute = _recompute_time(lay, c.matmul_by_kind, c.attention_forward, c.elementwise_forward)
-    tp_fwd = _tp_comm_forward(lay, prof, spans)
+    tp_fwd = _tp_comm_forward(lay, prof, spans, layer)
     bt.forward_passes = 2 if lay.ac == "full" else 1
     tp_total = bt.tp_comm_issued = tp_fwd * (bt.forward_passes + 1)
-    bt.tp_comm = _async_tp_exposed(lay, prof, spans, c.matmul_by_kind, tp_total, bt.forward_passes + 1)
+    bt.tp_comm = _async_tp_exposed(lay, prof, spans, layer, c.matmul_by_kind, tp_total, bt.forward_passes + 1)
     if lay.tp_comm_overlap and lay.sp:
         bt.tp_comm += overlap_contention(prof, tp_total - bt.tp_comm, spans["tp"])
     # Backward moves K/V twice over: ring attention rotates K/V again and their gradients back;
@@ -319,8 +319,8 @@ def megatron_recompute_time(lay: Layout, prof: ClusterProfile, spans: dict[str, 
     one micro-batch: their matmuls (activations.megatron_recomputed_matmuls), the attention core
     (core_attn), their fused kernels' forward passes (the norms, activations.megatron_recomputed_norms;
     MLA's RoPE; a dense MLP's, the routed experts' or the shared experts' activation, with the experts'
-    eager clamp, moe.megatron_act_recompute_elems) and, with a dense MLP, its TP collectives again (the
-    shared experts' are not priced again)."""
+    eager clamp, moe.megatron_act_recompute_elems) and, with a dense MLP or shared experts, their TP
+    collectives again."""
     spec, dev, modules = lay.spec, prof.device, lay.sac_ops.modules
     moe_layer = spec.is_moe_layer(layer)
     mm_dtype = _matmul_dtype(lay, prof)
@@ -336,11 +336,12 @@ def megatron_recompute_time(lay: Layout, prof: ClusterProfile, spans: dict[str, 
         elems += MEGATRON_CORE_LLAMA_PASSES["rope"][0] * (spec.q_dim + spec.kv_dim) / lay.tp
     if "mlp" in modules and not moe_layer:
         elems += act * _activation_width(spec, layer) / lay.tp
-        t += _mlp_tp_exposed(lay, prof, spans, fwd_by_kind)
+        t += _mlp_tp_exposed(lay, prof, spans, layer, fwd_by_kind)
     if "moe_act" in modules and moe_layer:
         elems += megatron_act_recompute_elems(spec, lay.ep, lay.moe_imbalance, lay.tp, act, not lay.moe_fused_mlp)
-    if "shared_experts" in modules and moe_layer:
+    if "shared_experts" in modules and moe_layer and spec.moe.shared_experts:
         elems += act * spec.moe.shared_experts * spec.moe.expert_ffn_dim / lay.tp
+        t += _mlp_tp_exposed(lay, prof, spans, layer, fwd_by_kind)  # the MLP pair is the shared experts' here
     return t + memory_bound_time(dev, elems * lay.tokens_per_micro * lay.act_bytes)
 
 
@@ -478,29 +479,40 @@ def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[flo
     return _kernel_pass_bytes(lay, passes, elems, (routing + fwd, routing + bwd))
 
 
-def _tp_collectives(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> dict[str, float]:
-    """One pass's TP collectives of a block, seconds, by the matmul kind each runs beside: with SP, the
+def _tp_collectives(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int) -> dict[str, float]:
+    """One pass's TP collectives of block `layer`, seconds, by the matmul kind each runs beside: with SP, the
     all-gathers before the qkv and ffn_in projections and the reduce-scatters after attn_out and ffn_out;
-    without it, the all-reduces after attn_out and ffn_out."""
+    without it, the all-reduces after attn_out and ffn_out. An MoE layer has its MLP pair only where
+    something gathers the sequence over TP (_moe_gathers_over_tp)."""
     payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
+    mlp = not lay.spec.is_moe_layer(layer) or _moe_gathers_over_tp(lay)
     if lay.sp:
         ag = collective_time(prof, "all_gather", payload, spans["tp"])
         rs = collective_time(prof, "reduce_scatter", payload, spans["tp"])
-        return {"qkv": ag, "attn_out": rs, "ffn_in": ag, "ffn_out": rs}
+        return {"qkv": ag, "attn_out": rs, **({"ffn_in": ag, "ffn_out": rs} if mlp else {})}
     ar = collective_time(prof, "all_reduce", payload, spans["tp"])
-    return {"attn_out": ar, "ffn_out": ar}
+    return {"attn_out": ar, **({"ffn_out": ar} if mlp else {})}
 
 
-def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan]) -> float:
-    """One block's forward TP collectives: SP's 2 all-gathers + 2 reduce-scatters, else 2 all-reduces."""
+def _moe_gathers_over_tp(lay: Layout) -> bool:
+    """Whether an MoE layer all-gathers its sequence shard over TP and reduce-scatters its output. TorchTitan
+    does around the whole layer (its PrepareModuleInputOutput to Replicate, Layout.moe_tp_gather); with expert
+    TP 1, Megatron-Core's alltoall and flex dispatchers route each TP rank's own shard (their TP group is
+    expert TP's), as meshplan's runtime does (runtime/tensor_parallel.moe_tp_plan), and only the shared
+    experts, TP-sharded like a dense MLP, gather and reduce-scatter (SharedExpertMLP's column- and
+    row-parallel linears)."""
+    return lay.moe_tp_gather or lay.spec.moe.shared_experts > 0
+
+
+def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int) -> float:
+    """One block's forward TP collectives (_tp_collectives)."""
     if lay.tp == 1:
         return 0.0
-    c = _tp_collectives(lay, prof, spans)
-    return 2 * (c["qkv"] + c["attn_out"]) if lay.sp else 2 * c["attn_out"]
+    return sum(_tp_collectives(lay, prof, spans, layer).values())
 
 
-def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float],
-                      issued: float, passes: int, kinds: tuple[str, ...] | None = None) -> float:
+def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int,
+                      matmuls: dict[str, float], issued: float, passes: int, kinds: tuple[str, ...] | None = None) -> float:
     """What a block's TP collectives (those beside `kinds` of matmul, default all; `issued` their time) leave
     exposed over its passes: under Transformer Engine's userbuffers (Layout.tp_comm_overlap, with SP) each
     collective beyond (tp - 1) / tp of its matmul; else all of them without async TP; with it, as
@@ -509,33 +521,36 @@ def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupS
     gradients' beside the same ops' input-gradient matmuls)."""
     if lay.tp_comm_overlap and lay.sp:
         # Transformer Engine's userbuffers: tp GEMM chunks, tp - 1 exchanges, each under one chunk.
-        return passes * _hidden_under_matmuls(lay, prof, spans, matmuls, (lay.tp - 1) / lay.tp, kinds)
+        return passes * _hidden_under_matmuls(lay, prof, spans, layer, matmuls, (lay.tp - 1) / lay.tp, kinds)
     share = prof.overheads.tp_async_overlap
     if not lay.async_tp:
         return issued
     if forms.FORMS.async_tp == "traffic":
         return issued * (1 - share)
-    return passes * _hidden_under_matmuls(lay, prof, spans, matmuls, share, kinds)
+    return passes * _hidden_under_matmuls(lay, prof, spans, layer, matmuls, share, kinds)
 
 
-def _hidden_under_matmuls(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float],
-                          window: float, kinds: tuple[str, ...] | None = None) -> float:
+def _hidden_under_matmuls(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int,
+                          matmuls: dict[str, float], window: float, kinds: tuple[str, ...] | None = None) -> float:
     """One pass's TP collectives (those beside `kinds` of matmul, default all) left exposed when each runs
     under `window` of the matmul it is fused with."""
     by_kind: dict[str, float] = {}
     for kind, t in matmuls.items():
         by_kind[sac_kind(kind)] = by_kind.get(sac_kind(kind), 0.0) + t
-    return sum(max(0.0, c - window * by_kind.get(kind, 0.0)) for kind, c in _tp_collectives(lay, prof, spans).items()
+    return sum(max(0.0, c - window * by_kind.get(kind, 0.0))
+               for kind, c in _tp_collectives(lay, prof, spans, layer).items()
                if kinds is None or kind in kinds)
 
 
-def _mlp_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], matmuls: dict[str, float]) -> float:
-    """A dense MLP's TP collectives in one forward pass (its recompute's), exposed as the block's are."""
+def _mlp_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int,
+                    matmuls: dict[str, float]) -> float:
+    """A block's MLP TP collectives (a dense MLP's, or an MoE layer's shared experts') in one forward pass
+    (its recompute's), exposed as the block's are."""
     if lay.tp == 1:
         return 0.0
     kinds = ("ffn_in", "ffn_out")
-    issued = sum(c for kind, c in _tp_collectives(lay, prof, spans).items() if kind in kinds)
-    return _async_tp_exposed(lay, prof, spans, matmuls, issued, 1, kinds)
+    issued = sum(c for kind, c in _tp_collectives(lay, prof, spans, layer).items() if kind in kinds)
+    return _async_tp_exposed(lay, prof, spans, layer, matmuls, issued, 1, kinds)
 
 
 # PyTorch's ring attention (context_parallel, as TorchTitan runs it) merges each non-local ring step's

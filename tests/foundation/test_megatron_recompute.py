@@ -157,6 +157,23 @@ def test_a_dense_mlps_recompute_runs_its_tp_all_reduce_again():
                                 rel=1e-12)
 
 
+def test_shared_experts_recompute_runs_their_tp_all_reduce_again():
+    """TP 2 without SP: the shared experts are TP-sharded like a dense MLP (SharedExpertMLP's column- and
+    row-parallel linears), so their recompute pays their all-reduce again; the routed experts' tokens need
+    none (each TP rank routes its own)."""
+    from meshplan.cost_models.comm import collective_time
+
+    lay = _layout(ONE_LAYER, ("shared_experts",), tp=2, gpus=2, dp_shard=1, global_batch=2, ep=2)
+    spans = group_spans(lay, PROF)
+    c = block_compute(lay, PROF, 0)
+    got = megatron_recompute_time(lay, PROF, spans, 0, c.matmul_by_kind, c.attention_forward)
+    dev = PROF.device
+    shared = SHARED * (2 * matmul_time(dev, TOKENS, F // 2, D, "bf16") + matmul_time(dev, TOKENS, D, F // 2, "bf16"))
+    all_reduce = collective_time(PROF, "all_reduce", TOKENS * D * 2.0, spans["tp"])
+    assert got == pytest.approx(shared + memory_bound_time(dev, 3 * SHARED * F // 2 * TOKENS * 2.0) + all_reduce,
+                                rel=1e-12)
+
+
 def test_every_module_moves_memory_or_time_somewhere():
     """Each accepted module changes what DeepSeek-V3 (MLA, dense and MoE blocks, a shared expert) keeps or
     recomputes in some block: none is accepted and priced as nothing."""

@@ -161,7 +161,7 @@ def test_megatron_core_hides_sequence_parallel_tp_under_its_gemm_chunks_by_hand(
     by_kind: dict[str, float] = {}
     for kind, t in te.kinds.matmul_by_kind.items():
         by_kind[sac_kind(kind)] = by_kind.get(sac_kind(kind), 0.0) + t
-    colls = _tp_collectives(lays["megatron-core"], PROFILE, spans)
+    colls = _tp_collectives(lays["megatron-core"], PROFILE, spans, lays["megatron-core"].spec.n_layers - 1)
     assert set(colls) == {"qkv", "attn_out", "ffn_in", "ffn_out"}
     want = 2 * sum(max(0.0, c - 0.75 * by_kind[k]) for k, c in colls.items())
     assert te.tp_comm == pytest.approx(want, rel=1e-9)
@@ -170,6 +170,35 @@ def test_megatron_core_hides_sequence_parallel_tp_under_its_gemm_chunks_by_hand(
     no_sp = dc_replace(lays["megatron-core"], sp=False)
     bt = block_time(no_sp, PROFILE, spans)
     assert bt.tp_comm == pytest.approx(bt.tp_comm_issued)
+
+
+def test_an_moe_layers_tp_collectives_are_the_stacks():
+    """TP 2 with SP, EP 8 (folding TP) on one H100 node. TorchTitan all-gathers an MoE layer's sequence shard
+    and reduce-scatters its output around the whole layer: attention's pair and the layer's, as a dense
+    block. meshplan's runtime and Megatron-Core route each TP rank's own shard, so an MoE layer without
+    shared experts (Qwen3-30B-A3B) has attention's pair alone, and one with them (deepseek-v3-16b's two)
+    the shared experts' pair besides. Checked against the collectives' own times: one all-gather and
+    one reduce-scatter of the micro-batch's hidden states, forward and backward, selective AC."""
+    from meshplan.cost_models.comm import collective_time
+    from meshplan.cost_models.timing import block_time
+
+    def issued(model: str, stack: str) -> tuple[float, float]:
+        raw = {**RAW, "model": model, "gpus": 8, "stack": stack, "compile": stack != "megatron-core",
+               "parallel": {**RAW["parallel"], "dp_shard": 4, "tp": 2, "sequence_parallel": True, "ep": 8}}
+        lay = runtime_paths(layout_of(plan_from_dict(raw)), PROFILE)
+        spans = group_spans(lay, PROFILE)
+        payload = lay.tokens_per_micro * lay.spec.dim * lay.act_bytes
+        pair = (collective_time(PROFILE, "all_gather", payload, spans["tp"])
+                + collective_time(PROFILE, "reduce_scatter", payload, spans["tp"]))
+        layer = next(i for i in range(lay.spec.n_layers) if lay.spec.is_moe_layer(i))
+        return block_time(lay, PROFILE, spans, layer).tp_comm_issued, 2 * pair  # forward and backward
+
+    for stack, pairs in (("torchtitan", 2), ("meshplan", 1), ("megatron-core", 1)):
+        got, both_passes = issued("qwen3-30b-a3b", stack)
+        assert got == pytest.approx(pairs * both_passes, rel=1e-9), stack
+    for stack in ("torchtitan", "meshplan", "megatron-core"):
+        got, both_passes = issued("deepseek-v3-16b", stack)
+        assert got == pytest.approx(2 * both_passes, rel=1e-9), stack
 
 
 def test_each_stack_runs_its_attention_kernel_on_hopper_by_hand():
