@@ -2,14 +2,18 @@
 forms.py's rate_rows by default (which rows a device's sustained rate is fitted on: every row, or only those
 whose kernels are all measured), or the form named as the argument (overlap_contention: whether the
 collectives Megatron-Core's mechanisms hide inside a block slow the compute beside them; the visible rows
-of Megatron-Core, whose mechanisms they are, are all MoE rows).
+of Megatron-Core, whose mechanisms they are, are all MoE rows; memory_rate: whether the Blackwell parts'
+memory-bound rate is sourced or fitted on their rows, all of them MoE rows).
 
 Such a choice moves only constants fitted on these tables (the Blackwell sustained fraction, the MoE host
 time), and only Blackwell profiles price their rows, so the dense tables would add fourteen identical
-folds at two hours on this VM; `meshplan validate --cross --nested --form FORM` runs them all.
+folds at two hours on this VM; `meshplan validate --cross --nested --form FORM` runs them all. memory_rate's
+fitted alternative fits two Blackwell rates against each other by coordinate descent, about 2.5 minutes a fit
+here against 13 seconds for one, so its nested run takes about an hour.
 
     python benchmarks/nested_rate_rows.py > benchmarks/results/validate_nested-rate_rows.txt
     python benchmarks/nested_rate_rows.py overlap_contention > benchmarks/results/validate_nested-overlap_contention.txt
+    python benchmarks/nested_rate_rows.py memory_rate > benchmarks/results/validate_nested-memory_rate.txt
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from meshplan.cost_models import forms
 from meshplan.cost_models.crossval import fold_of, is_moe_source, training_rows
 from meshplan.cost_models.nested import nested_cross_validate, nested_text
 
-MOE_ONLY_FORMS = ("rate_rows", "overlap_contention")
+MOE_ONLY_FORMS = ("rate_rows", "overlap_contention", "memory_rate")
 
 
 def main(form: str = "rate_rows") -> None:

@@ -221,7 +221,9 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "kernels reach 0.7-0.8 of datasheet on A100/H100; profile-cluster measures it). Fitted free "
                     "with the others (2026-11-25) it came out A100 0.77 (0.73-0.77 leaving one table out), 500 W "
                     "H100 0.93 (0.92-1.0, trading against compile_speedup 2.08), and scored no better out of "
-                    "sample (step MAPE 4.0 % against 3.9 % as shipped)"),
+                    "sample (step MAPE 4.0 % against 3.9 % as shipped). On the B200 and the GB200 fitted on the "
+                    "MoE rows where forms.py memory_rate says so",
+                    {BLACKWELL_CLASS: MOE_TABLES}, (0.1, 1.0), form=("memory_rate", "fitted")),
     ProfileConstant("device.attention.backward_ratio", *_attention("backward_ratio"), 1.0,
                     "FlashAttention-2 backward vs forward throughput on H100, 318-322 / 370 TFLOP/s at 8-16k "
                     "(Shah et al. 2024, FlashAttention-3 paper, Fig. 5-6); A100 default 0.75"),

@@ -57,13 +57,21 @@ class Forms:
     # and its userbuffers' TP chunks. Async TP's fitted share stands for its contention too, as the pooled
     # data-parallel share did.
     overlap_contention: str = "data_parallel"
+    # The Blackwell parts' memory-bound rate (device.memory_bound_efficiency of the B200 and the GB200), which
+    # prices every kernel the roofline leaves memory-bound there: norms, activations, the MoE layer's routing,
+    # permutations and eager expert passes, the loss, casts, the optimizer:
+    # sourced: 0.7 of datasheet HBM bandwidth, as STREAM-like copy kernels reach on A100 and H100;
+    # fitted: fitted on the Blackwell MoE rows with the tensor-core rate (coordinate descent, crossval.fit),
+    # each rate on how the rows' mix of memory-bound and tensor-core work varies.
+    memory_rate: str = "sourced"
 
 
 FORMS = Forms()
 ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "dp_overlap": ("windows", "pooled"),
                                             "contention": ("hidden_time", "kernel_work"),
                                             "rate_rows": ("all", "measured_kernels"),
-                                            "overlap_contention": ("data_parallel", "every")}
+                                            "overlap_contention": ("data_parallel", "every"),
+                                            "memory_rate": ("sourced", "fitted")}
 
 
 @contextmanager

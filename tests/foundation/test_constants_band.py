@@ -167,6 +167,19 @@ def test_the_blackwell_rate_leaves_out_rows_of_unmeasured_kernels_only_under_tha
     assert gpt_oss in host.fitted_on[constants.EVERY_GPU]
 
 
+def test_the_blackwell_memory_rate_is_fitted_only_under_that_form():
+    """forms.py memory_rate: sourced (shipped) leaves device.memory_bound_efficiency at the profiles' 0.7;
+    fitted fits it on the Blackwell MoE rows with the tensor-core rate, and on no other part."""
+    from meshplan.cost_models import forms
+
+    mem = constants.profile_constant("device.memory_bound_efficiency")
+    assert forms.FORMS.memory_rate == "sourced" and mem.fitted_on == {}
+    with forms.forms(memory_rate="fitted"):
+        assert mem.fitted_on == {constants.BLACKWELL_CLASS: constants.MOE_TABLES}
+    for name in ("b200-180g-dgx", "gb200-186g-nvl72"):
+        assert load_profile(name).device.memory_bound_efficiency == 0.7
+
+
 def test_leave_one_source_out_line_says_where_a_constant_has_no_row_left():
     """A constant fitted on one source keeps no value without it; the range spans the sources it keeps."""
     from meshplan.cost_models.crossval import leave_one_source_out_text
