@@ -13,29 +13,52 @@ here against 13 seconds for one, so its nested run takes about an hour.
 
     python benchmarks/nested_rate_rows.py > benchmarks/results/validate_nested-rate_rows.txt
     python benchmarks/nested_rate_rows.py overlap_contention > benchmarks/results/validate_nested-overlap_contention.txt
-    python benchmarks/nested_rate_rows.py memory_rate > benchmarks/results/validate_nested-memory_rate.txt
+    python benchmarks/nested_rate_rows.py memory_rate 2 > benchmarks/results/validate_nested-memory_rate.txt
+
+The second argument runs the outer folds in that many processes (the same folds, the same result).
 """
 
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 from meshplan.cost_models import forms
 from meshplan.cost_models.crossval import fold_of, is_moe_source, training_rows
-from meshplan.cost_models.nested import nested_cross_validate, nested_text
+from meshplan.cost_models.nested import NestedResult, nested_text, outer_fold
 
 MOE_ONLY_FORMS = ("rate_rows", "overlap_contention", "memory_rate")
 
 
-def main(form: str = "rate_rows") -> None:
+def moe_rows() -> list:
+    return [r for r in training_rows() if is_moe_source(r.table)]
+
+
+def _fold(args: tuple[str, str | None]):
+    """One outer fold of nested.nested_cross_validate on the MoE rows (rebuilt in a worker process)."""
+    form, held_out = args
+    return outer_fold(moe_rows(), held_out, {form: forms.ALTERNATIVES[form]})
+
+
+def main(form: str = "rate_rows", jobs: str = "1") -> None:
+    """nested.nested_cross_validate on the MoE rows alone, its outer folds in `jobs` processes."""
     if form not in MOE_ONLY_FORMS:
         raise SystemExit(f"form: must be one of {', '.join(MOE_ONLY_FORMS)}, got {form!r}")
-    rows = [r for r in training_rows() if is_moe_source(r.table)]
-    result = nested_cross_validate(rows, {form: forms.ALTERNATIVES[form]})
+    rows = moe_rows()
+    tasks = [(form, t) for t in dict.fromkeys(fold_of(r.table) for r in rows)] + [(form, None)]
+    if int(jobs) > 1:
+        with ProcessPoolExecutor(max_workers=int(jobs)) as pool:
+            done = list(pool.map(_fold, tasks))
+    else:
+        done = [_fold(t) for t in tasks]
+    result = NestedResult(forms=(form,), on_every_table=done[-1][1])
+    for errs, fold in done[:-1]:
+        result.out_of_sample += errs
+        result.folds.append(fold)
     print(f"{len(rows)} MoE rows of {len({r.table for r in rows})} tables, held out by model "
-          f"({len({fold_of(r.table) for r in rows})} folds)")
+          f"({len(tasks) - 1} folds)")
     print(nested_text(result))
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2])
+    main(*sys.argv[1:3])
