@@ -90,10 +90,10 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
         bt.recompute = megatron_recompute_time(lay, prof, spans, layer, c.matmul_by_kind, c.attention_forward)
     else:
         bt.recompute = _recompute_time(lay, c.matmul_by_kind, c.attention_forward, c.elementwise_forward)
-    tp_fwd = _tp_comm_forward(lay, prof, spans, layer)
+    colls = _tp_collectives(lay, prof, spans, layer) if lay.tp > 1 else {}
     bt.forward_passes = 2 if lay.ac == "full" else 1
-    tp_total = bt.tp_comm_issued = tp_fwd * (bt.forward_passes + 1)
-    bt.tp_comm = _async_tp_exposed(lay, prof, spans, layer, c.matmul_by_kind, tp_total, bt.forward_passes + 1)
+    tp_total = bt.tp_comm_issued = sum(colls.values()) * (bt.forward_passes + 1)
+    bt.tp_comm = _async_tp_exposed(lay, prof, colls, c.matmul_by_kind, tp_total, bt.forward_passes + 1)
     if lay.tp_comm_overlap and lay.sp:
         bt.tp_comm += overlap_contention(prof, tp_total - bt.tp_comm, spans["tp"])
     # Backward moves K/V twice over: ring attention rotates K/V again and their gradients back;
@@ -504,16 +504,10 @@ def _moe_gathers_over_tp(lay: Layout) -> bool:
     return lay.moe_tp_gather or lay.spec.moe.shared_experts > 0
 
 
-def _tp_comm_forward(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int) -> float:
-    """One block's forward TP collectives (_tp_collectives)."""
-    if lay.tp == 1:
-        return 0.0
-    return sum(_tp_collectives(lay, prof, spans, layer).values())
-
-
-def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int,
-                      matmuls: dict[str, float], issued: float, passes: int, kinds: tuple[str, ...] | None = None) -> float:
-    """What a block's TP collectives (those beside `kinds` of matmul, default all; `issued` their time) leave
+def _async_tp_exposed(lay: Layout, prof: ClusterProfile, colls: dict[str, float], matmuls: dict[str, float],
+                      issued: float, passes: int, kinds: tuple[str, ...] | None = None) -> float:
+    """What a block's TP collectives (`colls`, one pass's by kind: _tp_collectives; those beside `kinds` of
+    matmul, default all; `issued` their time) leave
     exposed over its passes: under Transformer Engine's userbuffers (Layout.tp_comm_overlap, with SP) each
     collective beyond (tp - 1) / tp of its matmul; else all of them without async TP; with it, as
     forms.FORMS.async_tp says, either the fitted share tp_async_overlap of the traffic hidden, or each
@@ -521,24 +515,23 @@ def _async_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupS
     gradients' beside the same ops' input-gradient matmuls)."""
     if lay.tp_comm_overlap and lay.sp:
         # Transformer Engine's userbuffers: tp GEMM chunks, tp - 1 exchanges, each under one chunk.
-        return passes * _hidden_under_matmuls(lay, prof, spans, layer, matmuls, (lay.tp - 1) / lay.tp, kinds)
+        return passes * _hidden_under_matmuls(colls, matmuls, (lay.tp - 1) / lay.tp, kinds)
     share = prof.overheads.tp_async_overlap
     if not lay.async_tp:
         return issued
     if forms.FORMS.async_tp == "traffic":
         return issued * (1 - share)
-    return passes * _hidden_under_matmuls(lay, prof, spans, layer, matmuls, share, kinds)
+    return passes * _hidden_under_matmuls(colls, matmuls, share, kinds)
 
 
-def _hidden_under_matmuls(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int,
-                          matmuls: dict[str, float], window: float, kinds: tuple[str, ...] | None = None) -> float:
-    """One pass's TP collectives (those beside `kinds` of matmul, default all) left exposed when each runs
-    under `window` of the matmul it is fused with."""
+def _hidden_under_matmuls(colls: dict[str, float], matmuls: dict[str, float], window: float,
+                          kinds: tuple[str, ...] | None = None) -> float:
+    """One pass's TP collectives `colls` (those beside `kinds` of matmul, default all) left exposed when each
+    runs under `window` of the matmul it is fused with."""
     by_kind: dict[str, float] = {}
     for kind, t in matmuls.items():
         by_kind[sac_kind(kind)] = by_kind.get(sac_kind(kind), 0.0) + t
-    return sum(max(0.0, c - window * by_kind.get(kind, 0.0))
-               for kind, c in _tp_collectives(lay, prof, spans, layer).items()
+    return sum(max(0.0, c - window * by_kind.get(kind, 0.0)) for kind, c in colls.items()
                if kinds is None or kind in kinds)
 
 
@@ -549,8 +542,9 @@ def _mlp_tp_exposed(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpa
     if lay.tp == 1:
         return 0.0
     kinds = ("ffn_in", "ffn_out")
-    issued = sum(c for kind, c in _tp_collectives(lay, prof, spans, layer).items() if kind in kinds)
-    return _async_tp_exposed(lay, prof, spans, layer, matmuls, issued, 1, kinds)
+    colls = _tp_collectives(lay, prof, spans, layer)
+    issued = sum(c for kind, c in colls.items() if kind in kinds)
+    return _async_tp_exposed(lay, prof, colls, matmuls, issued, 1, kinds)
 
 
 # PyTorch's ring attention (context_parallel, as TorchTitan runs it) merges each non-local ring step's
