@@ -21,42 +21,21 @@ The second argument runs the outer folds in that many processes (the same folds,
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ProcessPoolExecutor
 
 from meshplan.cost_models import forms
-from meshplan.cost_models.crossval import fold_of, is_moe_source, training_rows
-from meshplan.cost_models.nested import NestedResult, nested_text, outer_fold
+from meshplan.cost_models.crossval import fold_of, is_moe_source, step_time_rows
+from meshplan.cost_models.nested import nested_cross_validate, nested_text
 
 MOE_ONLY_FORMS = ("rate_rows", "overlap_contention", "memory_rate")
 
 
-def moe_rows() -> list:
-    return [r for r in training_rows() if is_moe_source(r.table)]
-
-
-def _fold(args: tuple[str, str | None]):
-    """One outer fold of nested.nested_cross_validate on the MoE rows (rebuilt in a worker process)."""
-    form, held_out = args
-    return outer_fold(moe_rows(), held_out, {form: forms.ALTERNATIVES[form]})
-
-
 def main(form: str = "rate_rows", jobs: str = "1") -> None:
-    """nested.nested_cross_validate on the MoE rows alone, its outer folds in `jobs` processes."""
     if form not in MOE_ONLY_FORMS:
         raise SystemExit(f"form: must be one of {', '.join(MOE_ONLY_FORMS)}, got {form!r}")
-    rows = moe_rows()
-    tasks = [(form, t) for t in dict.fromkeys(fold_of(r.table) for r in rows)] + [(form, None)]
-    if int(jobs) > 1:
-        with ProcessPoolExecutor(max_workers=int(jobs)) as pool:
-            done = list(pool.map(_fold, tasks))
-    else:
-        done = [_fold(t) for t in tasks]
-    result = NestedResult(forms=(form,), on_every_table=done[-1][1])
-    for errs, fold in done[:-1]:
-        result.out_of_sample += errs
-        result.folds.append(fold)
+    rows = [r for r in step_time_rows() if is_moe_source(r.table)]
+    result = nested_cross_validate(alternatives={form: forms.ALTERNATIVES[form]}, jobs=int(jobs), keep=is_moe_source)
     print(f"{len(rows)} MoE rows of {len({r.table for r in rows})} tables, held out by model "
-          f"({len(tasks) - 1} folds)")
+          f"({len({fold_of(r.table) for r in rows})} folds)")
     print(nested_text(result))
 
 

@@ -17,6 +17,7 @@ alone.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -74,25 +75,33 @@ def outer_fold(rows: list[PublishedRow], held_out: str | None,
     return errs, Fold(held_out, inner, chosen)
 
 
-def _outer_fold_of_the_training_rows(args: tuple[str | None, dict[str, tuple[str, ...]]]):
-    """outer_fold on every published training row, in a worker process (rows are rebuilt there)."""
-    held_out, alternatives = args
-    return outer_fold(step_time_rows(), held_out, alternatives)
+def _published_rows(keep: Callable[[str], bool] | None) -> list[PublishedRow]:
+    """The published step-time rows, those of the tables `keep` takes where given."""
+    return [r for r in step_time_rows() if keep is None or keep(r.table)]
+
+
+def _outer_fold_of_the_training_rows(args: tuple[str | None, dict[str, tuple[str, ...]], Callable[[str], bool] | None]):
+    """outer_fold on the published training rows `keep` takes, in a worker process (rows are rebuilt there)."""
+    held_out, alternatives, keep = args
+    return outer_fold(_published_rows(keep), held_out, alternatives)
 
 
 def nested_cross_validate(rows: list[PublishedRow] | None = None,
-                          alternatives: dict[str, tuple[str, ...]] | None = None, jobs: int = 1) -> NestedResult:
-    """Every table held out in turn, and the choice on every table. jobs > 1 runs the folds in that many
-    processes (on the published training rows only: a worker rebuilds them). The forms are of step time:
-    rows without one (memory-only) take no part."""
+                          alternatives: dict[str, tuple[str, ...]] | None = None, jobs: int = 1,
+                          keep: Callable[[str], bool] | None = None) -> NestedResult:
+    """Every table held out in turn, and the choice on every table. Without `rows`, the published training
+    rows, of the tables `keep` (a module-level function of the table, so that a worker can take it) takes
+    where given; jobs > 1 runs their folds in that many processes (a worker rebuilds them). The forms are of
+    step time: rows without one (memory-only) take no part."""
     alternatives = alternatives or forms.ALTERNATIVES
-    tables: list[str | None] = list(dict.fromkeys(fold_of(r.table) for r in (rows or step_time_rows())))
+    published = rows is None
+    rows = _published_rows(keep) if published else rows
+    tables: list[str | None] = list(dict.fromkeys(fold_of(r.table) for r in rows))
     tasks = tables + [None]
-    if jobs > 1 and rows is None:
+    if jobs > 1 and published:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            done = list(pool.map(_outer_fold_of_the_training_rows, [(t, alternatives) for t in tasks]))
+            done = list(pool.map(_outer_fold_of_the_training_rows, [(t, alternatives, keep) for t in tasks]))
     else:
-        rows = rows or step_time_rows()
         done = [outer_fold(rows, t, alternatives) for t in tasks]
     result = NestedResult(forms=tuple(alternatives))
     for errs, fold in done[:-1]:
