@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from meshplan.profiles.schema import ClusterProfile
@@ -56,8 +57,34 @@ def collective_time(profile: ClusterProfile, collective: str, payload_bytes: flo
     if collective == "all_to_all":
         return calls * net_lat * 1e-6 + _all_to_all_across_nodes(payload_bytes, span, net_bw, node_bw)
     busbw = min(net_bw * span.ranks_per_node, node_bw)
-    latency = net_lat + (node_lat if span.ranks_per_node > 1 else 0.0)
+    latency = max(net_lat + (node_lat if span.ranks_per_node > 1 else 0.0),
+                  nccl_latency_us(collective, n, span.nodes))
     return calls * latency * 1e-6 + bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
+
+
+# NCCL's own latency model of its collectives, Simple protocol (NVIDIA/nccl src/graph/tuning.cc at b6475625,
+# ncclTopoTuneModel: baseLat, hwLat): a fixed part and one per step of the algorithm, a step over NVLink or
+# over the network. A ring all-gather or reduce-scatter of n ranks on N nodes runs n - 1 steps, N - 1 of them
+# across nodes; an all-reduce runs a tree across nodes, 2 x log2(N) network steps and 2 x (n / N - 1) NVLink
+# ones, or a ring of twice the all-gather's steps, whichever NCCL's model finds faster. A profile's measured
+# latency is that of the rings it measured (a node or two); the steps are what grows past them.
+NCCL_BASE_US = 8.4
+NCCL_RING_STEP_US = {"node": 3.4, "network": 14.0}
+NCCL_TREE_STEP_US = {"node": 4.0, "network": 14.0}
+
+
+def nccl_latency_us(collective: str, n: int, nodes: int) -> float:
+    """NCCL's modelled latency of one ring all-gather / reduce-scatter or one all-reduce (tree or ring, the
+    lower) over n ranks on `nodes` nodes, in microseconds; 0 for the collectives it does not model so."""
+    inside = n - nodes  # steps between ranks of one node, over NVLink
+    ring, tree = NCCL_RING_STEP_US, NCCL_TREE_STEP_US
+    if collective in ("all_gather", "reduce_scatter"):
+        return NCCL_BASE_US + inside * ring["node"] + (nodes - 1) * ring["network"]
+    if collective == "all_reduce":
+        by_ring = NCCL_BASE_US + 2 * (inside * ring["node"] + (nodes - 1) * ring["network"])
+        by_tree = NCCL_BASE_US + 2 * ((n / nodes - 1) * tree["node"] + math.log2(nodes) * tree["network"])
+        return min(by_ring, by_tree)
+    return 0.0
 
 
 def _all_to_all_across_nodes(payload_bytes: float, span: GroupSpan, net_bw: float, node_bw: float) -> float:
