@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from meshplan.profiles.schema import ClusterProfile
+from meshplan.specs.rules import NCCL, profile_backend
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -57,8 +58,9 @@ def collective_time(profile: ClusterProfile, collective: str, payload_bytes: flo
     if collective == "all_to_all":
         return calls * net_lat * 1e-6 + _all_to_all_across_nodes(payload_bytes, span, net_bw, node_bw)
     busbw = min(net_bw * span.ranks_per_node, node_bw)
-    latency = max(net_lat + (node_lat if span.ranks_per_node > 1 else 0.0),
-                  nccl_latency_us(collective, n, span.nodes))
+    latency = net_lat + (node_lat if span.ranks_per_node > 1 else 0.0)
+    if profile_backend(profile.provenance) == NCCL:
+        latency = max(latency, nccl_latency_us(collective, n, span.nodes))
     return calls * latency * 1e-6 + bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
 
 
@@ -67,7 +69,8 @@ def collective_time(profile: ClusterProfile, collective: str, payload_bytes: flo
 # over the network. A ring all-gather or reduce-scatter of n ranks on N nodes runs n - 1 steps, N - 1 of them
 # across nodes; an all-reduce runs a tree across nodes, 2 x log2(N) network steps and 2 x (n / N - 1) NVLink
 # ones, or a ring of twice the all-gather's steps, whichever NCCL's model finds faster. A profile's measured
-# latency is that of the rings it measured (a node or two); the steps are what grows past them.
+# latency is that of the rings it measured (a node or two); the steps are what grows past them. Gloo's
+# collectives (CPU profiles) keep their measured latency.
 NCCL_BASE_US = 8.4
 NCCL_RING_STEP_US = {"node": 3.4, "network": 14.0}
 NCCL_TREE_STEP_US = {"node": 4.0, "network": 14.0}

@@ -46,6 +46,16 @@ def test_a_wide_group_pays_the_steps_a_small_one_keeps_the_measured_latency():
     assert wide > 100 * (net_lat + node_lat)
 
 
+def test_gloo_keeps_its_measured_latency():
+    """NCCL's model prices NCCL's collectives: a CPU profile (gloo) keeps the latency it measured."""
+    prof = load_profile("cpu-gloo")
+    _, net_lat = prof.collectives[prof.cluster_level()]["all_gather"].line_for(1.0)
+    _, node_lat = prof.collectives[prof.node_level()]["all_gather"].line_for(1.0)
+    assert nccl_latency_us("all_gather", 8192, 1024) > 2 * (net_lat + node_lat)  # 38.7 ms against 10.5
+    assert collective_time(prof, "all_gather", 1.0, GroupSpan(8192, 8)) == pytest.approx(
+        (net_lat + node_lat) * 1e-6, rel=1e-3)
+
+
 def _fsdp_plan(shard: int, gpus: int = 2048) -> Plan:
     return plan_from_dict({
         "version": 1, "model": "llama3-8b", "cluster": "h100-80g-dgx", "gpus": gpus, "compile": True,
