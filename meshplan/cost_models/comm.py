@@ -59,9 +59,14 @@ def collective_time(profile: ClusterProfile, collective: str, payload_bytes: flo
         return calls * net_lat * 1e-6 + _all_to_all_across_nodes(payload_bytes, span, net_bw, node_bw)
     busbw = min(net_bw * span.ranks_per_node, node_bw)
     latency = net_lat + (node_lat if span.ranks_per_node > 1 else 0.0)
-    if profile_backend(profile.provenance) == NCCL:
+    if runs_nccl(profile):
         latency = max(latency, nccl_latency_us(collective, n, span.nodes))
     return calls * latency * 1e-6 + bus_factor(collective, n) * payload_bytes / (busbw * 1e9)
+
+
+def runs_nccl(profile: ClusterProfile) -> bool:
+    """Whether the profile's collectives are NCCL's (a GPU profile), not gloo's (a CPU one)."""
+    return profile_backend(profile.provenance) == NCCL
 
 
 # NCCL's own latency model of its collectives, Simple protocol (NVIDIA/nccl src/graph/tuning.cc at b6475625,

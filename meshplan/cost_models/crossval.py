@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import Callable
 
 from meshplan.cost_models import constants
+from meshplan.cost_models.comm import runs_nccl
 from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MOE_SOURCES, MOE_TABLE_SEPARATOR,
                                             PROFILE_CONSTANTS, RUNTIME_RUNS, ProfileConstant, fitted_profiles)
 from meshplan.cost_models.published import MEMORY_ONLY, PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
-from meshplan.specs.rules import NCCL, profile_backend
 
 Transform = Callable[[str, ClusterProfile], ClusterProfile]  # (profile name, profile) -> profile to predict with
 GOLDEN_ITERATIONS = 14  # interval shrinks to 0.618^14 ~ 0.1 % of the bounds
@@ -253,17 +253,13 @@ def fit(rows: list[PublishedRow], values: dict[tuple[str, str], float] | None = 
     return values
 
 
-def is_gpu_profile(prof: ClusterProfile) -> bool:
-    return profile_backend(prof.provenance) == NCCL
-
-
 def transform_of(values: dict[tuple[str, str], float]) -> Transform:
     by_name = {c.name: c for c in PROFILE_CONSTANTS}
 
     def apply(name: str, prof: ClusterProfile) -> ClusterProfile:
         for (cname, pname), v in values.items():
             members = fitted_profiles(pname)
-            if (name in members) if members is not None else is_gpu_profile(prof):
+            if (name in members) if members is not None else runs_nccl(prof):
                 prof = by_name[cname].set(prof, v)
         return prof
     return apply
