@@ -22,6 +22,7 @@ KORTHIKANTI = "Korthikanti 2022 Table 4 (22B layer)"
 TORCHTITAN = tuple(f"TorchTitan H100 (Table {i})" for i in range(1, 7))
 LLMFOUNDRY = "MosaicML llm-foundry MPT (A100, H100)"
 IBM_FMS = "IBM fms-fsdp Llama 2 (A100, H100)"
+OLMO_CORE = "AI2 OLMo-core OLMo 2 and Llama (H100)"
 # meshplan's runtime on a lent H200 (data/measured/runtime_runs.json): our own runs, not a publication,
 # scored on peak memory alone (published.runtime_memory_rows).
 RUNTIME_RUNS = "meshplan runtime on a lent H200"
@@ -199,7 +200,7 @@ def _matmul(name: str):
 PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("device.sustained_fraction", *_device("sustained_fraction"), 1.0,
                     "share of the best-case tensor-core rate (MAMF's matmuls, the attention benchmarks) that training sustains",
-                    {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), H100_CLASS: TORCHTITAN + (LLMFOUNDRY, IBM_FMS),
+                    {"a100-80g-dgx": (MEGATRON, KORTHIKANTI), H100_CLASS: TORCHTITAN + (LLMFOUNDRY, IBM_FMS, OLMO_CORE),
                      BLACKWELL_CLASS: MOE_TABLES},
                     (0.5, 1.0), rate=True),
     # The H100 SXM at 700 W (h100-80g-dgx) and at the 500 W cap (h100-96g-gt) share one value: fitted on each

@@ -18,7 +18,7 @@ from typing import Callable
 from meshplan.cost_models import constants
 from meshplan.cost_models.comm import runs_nccl
 from meshplan.cost_models.constants import (EVERY_GPU, IBM_FMS, LLMFOUNDRY, MOE_SOURCES, MOE_TABLE_SEPARATOR,
-                                            PROFILE_CONSTANTS, RUNTIME_RUNS, ProfileConstant, fitted_profiles)
+                                            OLMO_CORE, PROFILE_CONSTANTS, RUNTIME_RUNS, ProfileConstant, fitted_profiles)
 from meshplan.cost_models.published import MEMORY_ONLY, PublishedRow, all_training_rows
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import ClusterProfile
@@ -347,7 +347,7 @@ def _score_lines(title: str, errs: dict[str, list[RowError]], memory: bool = Fal
     # The groups are of published runs: the runtime's own (memory only, dense and MoE) count in overall alone.
     groups = {"dense runs": lambda e: not is_moe_source(e.source) and e.source != RUNTIME_RUNS,
               "dense, TorchTitan and Megatron":
-                  lambda e: not is_moe_source(e.source) and e.source not in (LLMFOUNDRY, IBM_FMS, RUNTIME_RUNS),
+                  lambda e: not is_moe_source(e.source) and e.source not in (LLMFOUNDRY, IBM_FMS, OLMO_CORE, RUNTIME_RUNS),
               "MoE runs": lambda e: is_moe_source(e.source)}
     if memory:
         groups["published runs"] = lambda e: e.source != RUNTIME_RUNS

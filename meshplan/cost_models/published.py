@@ -58,6 +58,14 @@ is assumed once here, and printed by `meshplan validate`:
   The figure is tokens/s per GPU. A100 40GB rows (no built-in profile) and Transformer Engine FP8
   rows are skipped; H100 rows are priced on the 700 W h100-80g-dgx, A100 80GB rows on a100-80g-dgx
   (its 1600 Gb/s RoCE per node is the DGX A100's 8 x 200 Gb/s).
+- AI2's OLMo-core (olmo_core_throughput.csv; its README's throughput table of 2024-11, H100): OLMo 2
+  1B/7B/13B and a Llama 3 8B shape with its dolma2 vocabulary, seq 4096, BF16 and torchao float8,
+  priced on the torchtitan stack, whose design OLMo-core's was then (FSDP2 over every GPU, reshard after
+  forward, gradients reduced in fp32 at every micro-batch, per-block torch.compile and a compiled loss)
+  but for its fused AdamW (optimizer_foreach False) and SDPA's FlashAttention-2 as TorchTitan's runs of
+  that time dispatched it. OLMo 2's norm after attention and MLP (its reordered block) as the pre-norm
+  block, the same kernels. The page prints no GPU count: 8, the scripts' launch default (32 moves no
+  row by more than 0.7 points). The figure is tokens/s per GPU, on the 700 W h100-80g-dgx.
 - Not a publication: meshplan's own runtime on a lent H200 (data/measured/runtime_runs.json), each run's
   plan as it ran, scored on its max reserved memory alone (MEMORY_ONLY, runtime_memory_rows).
 """
@@ -71,7 +79,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from meshplan.cost_models.constants import (IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, MEGATRON_LM_GB200, MOE_MODEL_ZOO,
-                                            RUNTIME_RUNS,
+                                            OLMO_CORE, RUNTIME_RUNS,
                                             moe_table)
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.model import ModelSpec
@@ -517,6 +525,43 @@ def ibm_fms_rows() -> list[PublishedRow]:
     return rows
 
 
+# What OLMo-core ran that the plan file cannot say (olmo_core_rows): fused AdamW (AdamWConfig(fused=True) in
+# every script) and SDPA's FlashAttention-2 on H100.
+OLMO_CORE_OVERRIDES = {"optimizer_foreach": False, "attention_kernel": "flash"}
+
+
+def olmo_core_spec(r: dict[str, str]) -> ModelSpec:
+    """A row's model as OLMo-core's TransformerConfig built it (llama_like at e27ba7455): untied embeddings,
+    RoPE theta 500,000 (olmo_* and llama3_8B), RMS-normed q and k on the OLMo 2 shapes."""
+    base = resolve_model("llama2-7b")
+    return replace(base, name=f"olmo-core-{r['model_size'].lower()}-{r['model_arch'].lower()}",
+                   dim=int(r["d_model"]), n_layers=int(r["n_layers"]), n_heads=int(r["n_heads"]),
+                   n_kv_heads=int(r["n_kv_heads"]), ffn_dim=int(r["ffn_hidden"]), vocab_size=int(r["vocab_size"]),
+                   qk_norm=r["qk_norm"] == "True", rope_theta=500000.0, max_seq_len=int(r["seq_len"]))
+
+
+def olmo_core_rows() -> list[PublishedRow]:
+    """OLMo-core's throughput table (module docstring): data parallel only, FSDP over every GPU, no
+    activation checkpointing, compiled, float8 where the row passes float8_config.enabled."""
+    rows = []
+    for r in read_published_csv("olmo_core_throughput.csv"):
+        gpus, seq = int(r["gpus"]), int(r["seq_len"])
+        float8 = "float8_config.enabled=true" in r["overrides"]
+        plan = Plan(
+            model=olmo_core_spec(r), cluster=FSDP1_PAGE_PROFILES[r["gpu"]], gpus=gpus,
+            training=TrainingSpec(seq_len=seq, global_batch=int(r["global_batch"]), micro_batch=int(r["micro_batch"]),
+                                  dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=1, dp_shard=gpus, tp=1, sequence_parallel=False, async_tp=False, pp=1,
+                                  pp_schedule="1F1B", pp_virtual_stages=1, pp_layers=None, cp=1),
+            memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=float8, reshard_after_forward=True),
+            compile=True, stack=TORCHTITAN,
+        )
+        label = f"{r['model_size']} {r['model_arch']} {gpus} GPUs seq {seq} mb {r['micro_batch']} {r['precision']}"
+        rows.append(PublishedRow(OLMO_CORE, label, plan, "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]),
+                                 layout_overrides=dict(OLMO_CORE_OVERRIDES)))
+    return rows
+
+
 # A row scored on peak memory alone (max reserved GiB): no step time to judge.
 MEMORY_ONLY = "reserved_gib"
 
@@ -536,4 +581,4 @@ def all_training_rows() -> list[PublishedRow]:
     """Every published training row, skipped ones included (validate lists them with the reason), and the
     runtime's own memory rows."""
     return (megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + moe_blackwell_rows() + llmfoundry_rows()
-            + ibm_fms_rows() + runtime_memory_rows())
+            + ibm_fms_rows() + olmo_core_rows() + runtime_memory_rows())
