@@ -64,6 +64,15 @@ class Forms:
     # fitted: fitted on the Blackwell MoE rows with the tensor-core rate (coordinate descent, crossval.fit),
     # each rate on how the rows' mix of memory-bound and tensor-core work varies.
     memory_rate: str = "sourced"
+    # What a compiled Llama-style block's elementwise kernels move (timing.elementwise_times):
+    # speedup: eager PyTorch's passes (timing._pytorch_elementwise_bytes) shrunk by one fitted factor,
+    # overheads.compile_speedup, fitted on how compiled rows differ from eager ones inside a source;
+    # fused: Inductor fuses each chain of pointwise ops between two matmuls into kernels that read their
+    # inputs and write their outputs once (RMSNorm with the residual add before it, RoPE, SwiGLU, the
+    # attention output's layout), the passes Megatron-Core's hand-fused kernels make
+    # (timing.MEGATRON_CORE_LLAMA_PASSES): counted, not fitted (compile_speedup still shrinks the loss and
+    # the float8 casts).
+    compiled_elementwise: str = "speedup"
 
 
 FORMS = Forms()
@@ -71,7 +80,8 @@ ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "
                                             "contention": ("hidden_time", "kernel_work"),
                                             "rate_rows": ("all", "measured_kernels"),
                                             "overlap_contention": ("data_parallel", "every"),
-                                            "memory_rate": ("sourced", "fitted")}
+                                            "memory_rate": ("sourced", "fitted"),
+                                            "compiled_elementwise": ("speedup", "fused")}
 
 
 @contextmanager

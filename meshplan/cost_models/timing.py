@@ -353,6 +353,9 @@ def elementwise_times(lay: Layout, prof: ClusterProfile, layer: int | None = Non
         fwd, bwd = (_megatron_elementwise_bytes(lay) if lay.spec.arch == "gpt"
                     else _megatron_core_llama_elementwise_bytes(lay, layer))
         return memory_bound_time(dev, fwd), memory_bound_time(dev, bwd)
+    if lay.compile and lay.spec.arch != "gpt" and forms.FORMS.compiled_elementwise == "fused":
+        fwd, bwd = _fused_llama_elementwise_bytes(lay, layer)
+        return memory_bound_time(dev, fwd), memory_bound_time(dev, bwd)
     if lay.spec.arch == "gpt":
         fwd_bytes, bwd_bytes = _aten_gpt_elementwise_bytes(lay)
     else:
@@ -460,12 +463,19 @@ def _activation_width(spec: ModelSpec, layer: int) -> int:
     return (moe.top_k + moe.shared_experts) * moe.expert_ffn_dim
 
 
-def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[float, float]:
+def _fused_llama_elems(lay: Layout, layer: int) -> dict[str, float]:
+    """Elements per token each of a Llama-style block's fused elementwise kernels runs over
+    (MEGATRON_CORE_LLAMA_PASSES' keys)."""
     spec = lay.spec
     sp_div = lay.tp if lay.sp else 1
-    elems = {"norm": 2 * spec.dim / sp_div, "residual": 2 * spec.dim / sp_div,
-             "rope": (spec.q_dim + spec.kv_dim) / lay.tp, "swiglu": _activation_width(spec, layer) / lay.tp,
-             "permute": spec.attn_out_dim / lay.tp}
+    return {"norm": 2 * spec.dim / sp_div, "residual": 2 * spec.dim / sp_div,
+            "rope": (spec.q_dim + spec.kv_dim) / lay.tp, "swiglu": _activation_width(spec, layer) / lay.tp,
+            "permute": spec.attn_out_dim / lay.tp}
+
+
+def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[float, float]:
+    spec = lay.spec
+    elems = _fused_llama_elems(lay, layer)
     passes = MEGATRON_CORE_LLAMA_PASSES
     if spec.yarn_mscale != 1.0:  # YaRN's temperature in the rotation: the unfused RoPE
         passes = {**passes, "rope": MEGATRON_UNFUSED_ROPE_PASSES}
@@ -477,6 +487,15 @@ def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[flo
     fwd, bwd = (0.0, 0.0) if lay.moe_fused_mlp else megatron_expert_eager_elems(spec, lay.ep, lay.moe_imbalance,
                                                                                   lay.tp)
     return _kernel_pass_bytes(lay, passes, elems, (routing + fwd, routing + bwd))
+
+
+def _fused_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[float, float]:
+    """A compiled Llama-style block under forms.FORMS.compiled_elementwise "fused": Megatron-Core's fused
+    passes (each kernel reads its inputs and writes its outputs once); an MoE layer's routing and token
+    permutation as eager PyTorch moves them, each way."""
+    spec = lay.spec
+    routing = moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp) if spec.is_moe_layer(layer) else 0.0
+    return _kernel_pass_bytes(lay, MEGATRON_CORE_LLAMA_PASSES, _fused_llama_elems(lay, layer), (routing, routing))
 
 
 def _tp_collectives(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int) -> dict[str, float]:

@@ -355,3 +355,38 @@ def test_pipeline_receive_buffers_are_allocated_up_front_by_pytorchs_pipelining_
         assert buffers[stack] == pytest.approx([32 * hidden_state, 64 * hidden_state, 64 * hidden_state,
                                                 32 * hidden_state])
     assert buffers["megatron-core"] == [0.0] * 4
+
+
+def test_a_compiled_block_moves_the_fused_passes_under_the_fused_form_by_hand():
+    """forms.py compiled_elementwise "fused": a compiled Llama 3 8B block (seq 8192, mb 1, TP 1) moves what
+    each fused kernel reads and writes once, the hand count above for Megatron-Core's kernels: forward
+    (4 + 6) x 4096 + 2 x 5120 + 3 x 14336 + 2 x 4096, backward (6 + 6) x 4096 + 2 x 5120 + 5 x 14336 + 2 x
+    4096 elements a token, in bf16; the shipped form ("speedup") divides eager PyTorch's passes by
+    compile_speedup instead, and an eager block is the same under both."""
+    from meshplan.cost_models import forms
+    from meshplan.cost_models.compute import memory_bound_time
+    from meshplan.cost_models.timing import elementwise_times
+
+    lay = runtime_paths(layout_of(on("meshplan")), PROFILE)
+    assert lay.compile and lay.elementwise_kernels == "pytorch"
+    fwd = (4 + 6) * 4096 + 2 * 5120 + 3 * 14336 + 2 * 4096
+    bwd = (6 + 6) * 4096 + 2 * 5120 + 5 * 14336 + 2 * 4096
+    shipped = elementwise_times(lay, PROFILE)
+    with forms.forms(compiled_elementwise="fused"):
+        got = elementwise_times(lay, PROFILE)
+        eager = elementwise_times(lay.with_(compile=False), PROFILE)
+    assert got[0] == pytest.approx(memory_bound_time(PROFILE.device, 8192 * 2.0 * fwd), rel=1e-12)
+    assert got[1] == pytest.approx(memory_bound_time(PROFILE.device, 8192 * 2.0 * bwd), rel=1e-12)
+    assert got[0] < shipped[0] and eager == elementwise_times(lay.with_(compile=False), PROFILE)
+
+
+def test_a_form_switched_in_a_with_block_reaches_a_memoised_estimate():
+    """The block memo is keyed on the forms in force: an estimate made under one form and then under the
+    other on the same profile object differs, and is the first again when the form comes back."""
+    from meshplan.cost_models import forms
+
+    plan = on("meshplan")
+    before = estimate_plan(plan, PROFILE).step_time_s
+    with forms.forms(compiled_elementwise="fused"):
+        fused = estimate_plan(plan, PROFILE).step_time_s
+    assert fused < before and estimate_plan(plan, PROFILE).step_time_s == before
