@@ -229,8 +229,11 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "FlashAttention-2 backward vs forward throughput on H100, 318-322 / 370 TFLOP/s at 8-16k "
                     "(Shah et al. 2024, FlashAttention-3 paper, Fig. 5-6); A100 default 0.75"),
     ProfileConstant("overheads.compile_speedup", *_overhead("compile_speedup"), 1.0,
-                    "eager / fused elementwise bytes under torch.compile. One value for every GPU, fitted on how "
-                    "compiled rows differ from eager ones inside each source (objective spread): TorchTitan's "
+                    "eager / compiled bytes of the loss and the float8 casts under torch.compile (a compiled block's "
+                    "elementwise kernels are counted fused, each reading its inputs and writing its outputs once: "
+                    "forms.py compiled_elementwise, chosen by nested cross-validation on the dense tables; under its "
+                    "speedup alternative this factor shrinks the blocks' eager passes too). One value for every GPU, "
+                    "fitted on how compiled rows differ from eager ones inside each source (objective spread): TorchTitan's "
                     "Tables 1 and 3 and IBM's fms-fsdp tables run the same layouts eager and compiled",
                     {EVERY_GPU: TORCHTITAN[0:1] + TORCHTITAN[2:3] + (IBM_FMS,)}, (1.0, 4.0), objective="spread"),
     ProfileConstant("overheads.tp_async_overlap", *_overhead("tp_async_overlap"), 0.0,

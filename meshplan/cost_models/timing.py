@@ -402,7 +402,7 @@ def _pytorch_elementwise_bytes(lay: Layout, layer: int) -> float:
     Per element, in units of the activation size: two RMSNorms computed in fp32 (cast, square, mean,
     scale, cast back: ~20 passes each), two residual adds (3), RoPE on q and k via fp32 complex
     multiply (~15), the SwiGLU activation (5) and attention layout copies (8). Backward moves about
-    twice this. torch.compile fuses most of it (profile compile_speedup). GPT blocks:
+    twice this. torch.compile fuses it (forms.py compiled_elementwise: _fused_llama_elementwise_bytes). GPT blocks:
     _aten_gpt_elementwise_bytes.
     """
     spec, K = lay.spec, constants.MODEL
