@@ -8,7 +8,7 @@ from typing import Callable
 from meshplan.cost_models import constants, forms
 from meshplan.cost_models.activations import (attention_core_only, megatron_recomputed_matmuls,
                                               megatron_recomputed_norms, recomputed_kinds)
-from meshplan.cost_models.comm import GroupSpan, collective_time
+from meshplan.cost_models.comm import GroupSpan, collective_time, runs_nccl
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
 from meshplan.cost_models.host import block_host, embedding_host, head_host, host_added, host_beyond
@@ -353,7 +353,7 @@ def elementwise_times(lay: Layout, prof: ClusterProfile, layer: int | None = Non
         fwd, bwd = (_megatron_elementwise_bytes(lay) if lay.spec.arch == "gpt"
                     else _megatron_core_llama_elementwise_bytes(lay, layer))
         return memory_bound_time(dev, fwd), memory_bound_time(dev, bwd)
-    if lay.compile and lay.spec.arch != "gpt" and forms.FORMS.compiled_elementwise == "fused":
+    if lay.compile and lay.spec.arch != "gpt" and runs_nccl(prof) and forms.FORMS.compiled_elementwise == "fused":
         fwd, bwd = _fused_llama_elementwise_bytes(lay, layer)
         return memory_bound_time(dev, fwd), memory_bound_time(dev, bwd)
     if lay.spec.arch == "gpt":
