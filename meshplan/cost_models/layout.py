@@ -147,6 +147,11 @@ class Layout:
     # received tensor becoming the stage input its activations already count (Megatron-Core's p2p_communication
     # allocates each receive in _communicate).
     pp_recv_up_front: bool = True
+    # Whether RoPE rotates q and k as complex numbers (view_as_complex, a complex multiply, view_as_real:
+    # TorchTitan's Llama) rather than with real cos/sin (meshplan's runtime, OLMo-core, Megatron-Core's
+    # fused kernel). torch.compile's Inductor generates no code for complex dtypes and runs the multiply as
+    # an eager fallback kernel, so a compiled block pays it in fp32 (timing.COMPILED_COMPLEX_ROPE_PASSES).
+    rope_complex: bool = False
     # The dtype attention's kernels run in, where a published row's recipe ran them in another than the
     # block's (Megatron-Bridge's full-iteration MXFP8 recipes set fp8_dot_product_attention: "mxfp8",
     # compute.ATTENTION_DTYPES); None: the plan's dtype, as meshplan's runtime runs SDPA.

@@ -526,8 +526,9 @@ def ibm_fms_rows() -> list[PublishedRow]:
 
 
 # What OLMo-core ran that the plan file cannot say (olmo_core_rows): fused AdamW (AdamWConfig(fused=True) in
-# every script) and SDPA's FlashAttention-2 on H100.
-OLMO_CORE_OVERRIDES = {"optimizer_foreach": False, "attention_kernel": "flash"}
+# every script), SDPA's FlashAttention-2 on H100, and RoPE with real cos/sin (RoPEType.default, its
+# RotaryEmbedding's rotate-half), not TorchTitan's complex multiply.
+OLMO_CORE_OVERRIDES = {"optimizer_foreach": False, "attention_kernel": "flash", "rope_complex": False}
 
 
 def olmo_core_spec(r: dict[str, str]) -> ModelSpec:

@@ -43,6 +43,7 @@ class Stack:
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap: SP's collectives chunk by chunk under their GEMMs
     attention_kernel: str = "cudnn"  # Layout.attention_kernel
     pp_recv_up_front: bool = True  # Layout.pp_recv_up_front: a receive buffer per micro-batch, allocated up front
+    rope_complex: bool = False  # Layout.rope_complex: RoPE as a complex multiply, which Inductor leaves eager
     # Whether selective AC recomputes named modules (MegatronRecompute, the plan's memory.recompute_modules)
     # rather than saving op kinds (memory.sac_ops)
     recomputes_modules: bool = False
@@ -69,8 +70,12 @@ STACKS: dict[str, Stack] = {
          "under TP an MoE layer all-gathers its sequence shard and reduce-scatters its output around the "
          "whole layer, shared experts inside (apply_moe_ep_tp: PrepareModuleInputOutput to Replicate, "
          "output Partial to Shard(1)); meshplan's runtime and Megatron-Core route each TP rank's own shard "
-         "and gather only for the shared experts"),
-        attention_kernel="flash", moe_tp_gather=True),
+         "and gather only for the shared experts",
+         "RoPE as a complex multiply (torchtitan models/llama apply_rotary_emb: view_as_complex, the product with "
+         "freqs_cis, view_as_real); Inductor generates no code for complex dtypes and runs such ops as eager "
+         "fallback kernels (pytorch#98155, 'Fallback on complex64 kernels'; its lowering warns 'Torchinductor does "
+         "not support code generation for complex operators'), so compiled blocks pay the rotation in fp32"),
+        attention_kernel="flash", moe_tp_gather=True, rope_complex=True),
     MEGATRON_CORE: Stack(
         None, False, "last_microbatch",
         ("selective recompute by module (recompute_granularity 'selective' with TransformerConfig."

@@ -489,13 +489,23 @@ def _megatron_core_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[flo
     return _kernel_pass_bytes(lay, passes, elems, (routing + fwd, routing + bwd))
 
 
+# A complex RoPE under torch.compile (Layout.rope_complex), passes per element of q and k in units of the bf16
+# activation: forward, the upcast to fp32 Inductor fuses (reads 2 bytes, writes 4: 3), the complex multiply
+# it leaves to an eager fallback kernel (reads 4, writes 4: 4), the cast back (reads 4, writes 2: 3);
+# backward the same three in reverse (the multiply by the conjugate, eager again).
+COMPILED_COMPLEX_ROPE_PASSES = (10, 10)
+
+
 def _fused_llama_elementwise_bytes(lay: Layout, layer: int) -> tuple[float, float]:
     """A compiled Llama-style block under forms.FORMS.compiled_elementwise "fused": Megatron-Core's fused
     passes (each kernel reads its inputs and writes its outputs once); an MoE layer's routing and token
     permutation as eager PyTorch moves them, each way."""
     spec = lay.spec
     routing = moe_elementwise_elems(spec, lay.ep, lay.moe_imbalance, lay.tp) if spec.is_moe_layer(layer) else 0.0
-    return _kernel_pass_bytes(lay, MEGATRON_CORE_LLAMA_PASSES, _fused_llama_elems(lay, layer), (routing, routing))
+    passes = MEGATRON_CORE_LLAMA_PASSES
+    if lay.rope_complex:
+        passes = {**passes, "rope": COMPILED_COMPLEX_ROPE_PASSES}
+    return _kernel_pass_bytes(lay, passes, _fused_llama_elems(lay, layer), (routing, routing))
 
 
 def _tp_collectives(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], layer: int) -> dict[str, float]:

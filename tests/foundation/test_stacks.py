@@ -401,3 +401,23 @@ def test_a_form_switched_in_a_with_block_reaches_a_memoised_estimate():
     with forms.forms(compiled_elementwise="speedup"):
         other = estimate_plan(plan, PROFILE).step_time_s
     assert other > before and estimate_plan(plan, PROFILE).step_time_s == before
+
+
+def test_torchtitans_complex_rope_stays_eager_under_compile_by_hand():
+    """TorchTitan's RoPE is a complex multiply, which Inductor runs as an eager fallback kernel: its compiled
+    Llama 3 8B block (seq 8192, mb 1, TP 1) moves the fused count but 10 passes over q and k (4096 + 1024)
+    each way, where the fused rotation makes 2: 8 x 5120 elements a token more, forward and backward, in
+    bf16. meshplan's runtime and OLMo-core rotate with real cos/sin."""
+    from meshplan.cost_models.compute import memory_bound_time
+    from meshplan.cost_models.published import OLMO_CORE_OVERRIDES
+    from meshplan.cost_models.timing import elementwise_times
+
+    titan = runtime_paths(layout_of(on("torchtitan")), PROFILE)
+    ours = runtime_paths(layout_of(on("meshplan")), PROFILE)
+    assert titan.rope_complex and not ours.rope_complex and OLMO_CORE_OVERRIDES["rope_complex"] is False
+    extra = memory_bound_time(PROFILE.device, 8192 * 2.0 * 8 * 5120)
+    got, base = elementwise_times(titan, PROFILE), elementwise_times(titan.with_(rope_complex=False), PROFILE)
+    assert got[0] - base[0] == pytest.approx(extra, rel=1e-9) and got[1] - base[1] == pytest.approx(extra, rel=1e-9)
+    # eager, both stacks price eager PyTorch's passes (constants.MODEL.rope_passes)
+    assert elementwise_times(titan.with_(compile=False), PROFILE) == elementwise_times(
+        titan.with_(compile=False, rope_complex=False), PROFILE)
