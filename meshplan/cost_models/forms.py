@@ -72,9 +72,10 @@ class Forms:
     # attention output's layout), the passes Megatron-Core's hand-fused kernels make
     # (timing.MEGATRON_CORE_LLAMA_PASSES): counted, not fitted (compile_speedup still shrinks the loss and
     # the float8 casts). On GPUs (NCCL profiles), whose rows chose it; a CPU profile keeps its speed-up, as
-    # the runs it prices (Inductor's C++ kernels on a few cores, tiny models) were not part of the choice. Chosen by nested cross-validation on the dense tables in 10 of 11 folds and on every
-    # table, all but OLMo-core's own fold (benchmarks/nested_dense_form.py,
-    # benchmarks/results/validate_nested-compiled_elementwise.txt, e001b1a); speedup shipped before.
+    # the runs it prices (Inductor's C++ kernels on a few cores, tiny models) were not part of the choice.
+    # Chosen by nested cross-validation on the dense tables in 11 of 11 folds and on every table
+    # (benchmarks/nested_dense_form.py, benchmarks/results/validate_nested-compiled_elementwise.txt,
+    # aceab46; 10 of 11 at e001b1a, before TorchTitan's complex RoPE was priced); speedup shipped before.
     compiled_elementwise: str = "fused"
 
 
