@@ -211,17 +211,17 @@ def plan_order(plan: Plan, default: tuple[str, ...] = DEFAULT_MESH_ORDER) -> tup
 
 
 def profile_cache(prof: ClusterProfile) -> dict:
-    """Memo of pure cost-model pieces, kept on the profile object it depends on."""
-    cache = prof.__dict__.get("_cost_cache")
-    if cache is None:
-        cache = prof.__dict__["_cost_cache"] = {}
-    return cache
+    """Memo of pure cost-model pieces, kept on the profile object it depends on, one per set of forms in
+    force (forms.FORMS): `with forms.forms(...)` must not read another form's memo."""
+    by_forms = prof.__dict__.get("_cost_cache")
+    if by_forms is None:
+        by_forms = prof.__dict__["_cost_cache"] = {}
+    return by_forms.setdefault(forms.FORMS, {})
 
 
 def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
-    """What a block's time depends on: the key of its memo (stage_inputs) and of the planner's per-layer times.
-    The forms in force (forms.FORMS) too: `with forms.forms(...)` must not read another form's memo."""
-    key = ("block", forms.FORMS, lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
+    """What a block's time depends on: the key of its memo (stage_inputs) and of the planner's per-layer times."""
+    key = ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
            lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.attention_dtype,
            lay.elementwise_kernels, lay.norm_fp32, lay.host_ahead, lay.host_counted, lay.kv_repeated,
            lay.cp_attention, lay.cp_ring_overlap, lay.tp_comm_overlap, lay.rope_complex, spans["tp"], spans["cp"])
