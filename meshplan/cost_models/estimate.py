@@ -417,6 +417,7 @@ class DataParallelComm:
     beyond_windows: float = 0.0  # the collectives' time past the compute beside them (tails apart)
     contention: float = 0.0  # the compute's slowdown beside the hidden collectives
     at_node_rate: float = 0.0  # the same collectives (tails apart) timed as if their group shared one node
+    copies: float = 0.0  # FSDP2's copy-out / copy-in kernels on the compute stream (Layout.fsdp_copies)
 
     @property
     def fsdp(self) -> float:
@@ -436,8 +437,8 @@ class DataParallelComm:
         if not self.total:
             return 0.0
         if self.mechanism == "none":
-            return self.total
-        return self.beyond_windows + self.tail + self.contention
+            return self.total + self.copies
+        return self.beyond_windows + self.tail + self.contention + self.copies
 
     @property
     def hidden(self) -> float:
@@ -526,6 +527,8 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
             moe_units = sum(n for k, n in sp.kinds if lay.spec.is_moe_layer(k))
             c.all_gather += issued(gathers, "all_gather", routed * gather_bytes, espan, moe_units)
             c.reduce_scatter += issued(lay.grad_reductions, "reduce_scatter", routed * grad_bytes, espan, moe_units)
+        if lay.fsdp_copies and forms.FORMS.fsdp_copies == "counted":
+            c.copies = fsdp_copy_time(lay, prof, sp.total, gathers, gather_bytes, grad_bytes)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
         local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
@@ -536,6 +539,17 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
         if forms.FORMS.dp_overlap == "windows":  # the pooled share stood for the contention too
             c.contention = prof.overheads.comm_compute_slowdown * contended(c)
     return c
+
+
+def fsdp_copy_time(lay: Layout, prof: ClusterProfile, params: float, gathers: int, gather_bytes: float,
+                   grad_bytes: float) -> float:
+    """FSDP2's copies on the compute stream over the step (Layout.fsdp_copies): each gather's copy-out reads
+    the gathered buffer and writes the unsharded parameters (2 x gather_bytes a parameter), each gradient
+    reduction's copy-in reads the unsharded gradients (act_bytes) and writes the reduce-scatter's input
+    (grad_bytes). The copy-in on the reduce-scatter stream's side and the sharded gradients' accumulation
+    move a shard's worth, left out."""
+    per_param = gathers * 2 * gather_bytes + lay.grad_reductions * (lay.act_bytes + grad_bytes)
+    return memory_bound_time(prof.device, params * per_param)
 
 
 def contended(c: DataParallelComm) -> float:

@@ -77,6 +77,11 @@ class Forms:
     # (benchmarks/nested_dense_form.py, benchmarks/results/validate_nested-compiled_elementwise.txt,
     # aceab46; 10 of 11 at e001b1a, before TorchTitan's complex RoPE was priced); speedup shipped before.
     compiled_elementwise: str = "fused"
+    # Whether FSDP2's copies on the compute stream are priced (estimate.fsdp_copy_time, Layout.fsdp_copies):
+    # counted: each gather's copy-out of the unsharded parameters and each reduction's copy-in of the
+    # gradients, memory-bound passes counted from fully_shard's collectives, nothing fitted;
+    # none: not priced (the form shipped until 2026-12-06), what the sustained rates absorb.
+    fsdp_copies: str = "none"
 
 
 FORMS = Forms()
@@ -85,7 +90,8 @@ ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "
                                             "rate_rows": ("all", "measured_kernels"),
                                             "overlap_contention": ("data_parallel", "every"),
                                             "memory_rate": ("sourced", "fitted"),
-                                            "compiled_elementwise": ("speedup", "fused")}
+                                            "compiled_elementwise": ("speedup", "fused"),
+                                            "fsdp_copies": ("none", "counted")}
 
 
 @contextmanager

@@ -70,6 +70,14 @@ class Layout:
     # overlap_grad_reduce: the gathers under the first micro-batch's forward, the reductions under the
     # last one's backward) | none (Megatron-LM's local DDP of 2021-22: one all-reduce after the backward).
     dp_overlap: str = "prefetch"
+    # Whether FSDP copies each unit's parameters out of the all-gather's flat output and its gradients into
+    # the reduce-scatter's flat input on the compute stream (FSDP2's per-parameter sharding: fully_shard's
+    # foreach_all_gather_copy_out, split_with_sizes_copy after the gather's wait, and
+    # foreach_reduce_scatter_copy_in, chunk_cat into the reduce dtype before the reduce-scatter stream
+    # waits; torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): meshplan's runtime, TorchTitan,
+    # OLMo-core. FSDP1's flat parameter is gathered into the buffer its parameters view and its gradients
+    # already lie flat (Composer, fms-fsdp): no copies. estimate.data_parallel_comm prices them.
+    fsdp_copies: bool = True
     # Whether the pipeline schedule keeps every micro-batch's stage output until the step ends (the
     # logits on the last stage): torch.distributed.pipelining before `return_outputs` (TorchTitan
     # 2024). The runtime passes return_outputs=False.

@@ -416,7 +416,8 @@ FSDP1_PAGE_PROFILES = {"h100_80gb": "h100-80g-dgx", "a100_80gb": "a100-80g-dgx"}
 # bf16 (submit_benchmarks.py sets norm_type low_precision_layernorm), FlashAttention in Triton (the
 # attn_impl default of submit_benchmarks.py when the tables were run, b2a43a147 and 5e85bd62d: "triton";
 # it became "flash" at 495218376, after them), no torch.compile, the loss eager.
-LLMFOUNDRY_OVERRIDES = {"attention_kernel": "triton", "elementwise_kernels": "pytorch", "compiles_loss": False}
+LLMFOUNDRY_OVERRIDES = {"attention_kernel": "triton", "elementwise_kernels": "pytorch", "compiles_loss": False,
+                        "fsdp_copies": False}
 
 
 def mpt_spec(size: str, seq_len: int) -> ModelSpec:
@@ -470,7 +471,7 @@ def llmfoundry_rows() -> list[PublishedRow]:
 # Gradients reduced in bf16: fms-fsdp's bfSixteen MixedPrecision (fms_fsdp/policies/mixed_precision.py,
 # reduce_dtype=torch.bfloat16), FSDP1's reduce-scatter and HSDP's all-reduce alike.
 IBM_OVERRIDES = {"attention_kernel": "flash", "elementwise_kernels": "pytorch", "compiles_loss": False,
-                 "grad_reduce_bytes": 2.0}
+                 "grad_reduce_bytes": 2.0, "fsdp_copies": False}
 
 
 def llama2_spec(size: str) -> ModelSpec:

@@ -35,6 +35,7 @@ class Stack:
     # kernels, compiled or not): Layout.elementwise_kernels
     elementwise_kernels: str = "pytorch"
     dp_overlap: str = "prefetch"  # Layout.dp_overlap
+    fsdp_copies: bool = True  # Layout.fsdp_copies: FSDP2's per-parameter copy-out and copy-in
     host_counted: bool = True  # Layout.host_counted: host.py's op counts are of eager PyTorch modules
     optimizer_foreach: bool = True  # Layout.optimizer_foreach: torch.optim's foreach AdamW, not a fused one
     moe_host_sync: bool = False  # Layout.moe_host_sync: a host sync in every MoE layer, experts eager
@@ -101,6 +102,11 @@ STACKS: dict[str, Stack] = {
          "overlap_grad_reduce and overlap_param_gather with the distributed optimizer): parameter all-gathers "
          "bucket by bucket in the first micro-batch's forward, gradient reduce-scatters in the last "
          "micro-batch's backward, the first and the last bucket exposed",
+         "the distributed optimizer gathers parameters into and reduce-scatters gradients out of contiguous "
+         "per-bucket buffers that the parameters and their main gradients view (distributed/"
+         "param_and_grad_buffer.py: 'all_gather_into_tensor writes directly into a contiguous output buffer and "
+         "does not need a copy-back step'): no copies around its collectives, where FSDP2 copies each unit's "
+         "parameters out and gradients in (Layout.fsdp_copies)",
          "fused Adam (the distributed optimizer's default optimizer 'adam' is Apex/Transformer Engine FusedAdam, "
          "one multi-tensor kernel per step); gradients scaled only where the norm exceeds clip_grad",
          "dropless MoE layers sync host and device for the tokens per expert (the alltoall dispatcher copies "
@@ -120,9 +126,9 @@ STACKS: dict[str, Stack] = {
          "pipeline receive buffers allocated per transfer, not up front for every micro-batch: P2PCommunicator."
          "_communicate creates each receive tensor with torch.empty when it is posted "
          "(pipeline_parallel/p2p_communication.py), and the tensor received is the stage's input"),
-        elementwise_kernels="megatron", dp_overlap="buckets", host_counted=False, optimizer_foreach=False,
-        moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True, attention_kernel="cudnn",
-        pp_recv_up_front=False, recomputes_modules=True),
+        elementwise_kernels="megatron", dp_overlap="buckets", fsdp_copies=False, host_counted=False,
+        optimizer_foreach=False, moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True,
+        attention_kernel="cudnn", pp_recv_up_front=False, recomputes_modules=True),
 }
 
 

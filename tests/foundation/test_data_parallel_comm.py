@@ -199,3 +199,30 @@ def test_kernel_work_contention_prices_the_collectives_at_the_node_rate():
     assert cross_kernel.contention == pytest.approx(0.189 * by_hand)
     assert cross_kernel.contention < cross_time.contention * 46 / 360 * 1.1  # bandwidths, latency apart
     assert cross_kernel.exposed - cross_kernel.contention == pytest.approx(cross_time.exposed - cross_time.contention)
+
+
+def test_fsdp2_copies_priced_by_hand_on_the_compute_stream():
+    """FSDP2's copies (forms.py fsdp_copies counted): per micro-batch two gathers (forward, and backward after
+    resharding), each copying the gathered bf16 buffer out into the unsharded parameters (read 2 + write 2
+    bytes a parameter), and one reduction whose copy-in reads the bf16 gradients and writes the fp32
+    reduce-scatter input (2 + 4). 4 micro-batches: 4 x (2 x 4 + 6) = 56 bytes a local parameter, at the
+    memory-bound rate, exposed whatever the windows hide."""
+    lay = _layout()
+    params = stage_params(lay, 0).total
+    dev = PROF.device
+    by_hand = params * 56 / (dev.memory_bandwidth_gbs * 1e9 * dev.memory_bound_efficiency)
+    with forms.forms(fsdp_copies="none"):
+        none = _exposed(lay)
+    with forms.forms(fsdp_copies="counted"):
+        counted = _exposed(lay)
+        # FSDP1's flat parameter (Composer, fms-fsdp) gathers into the buffer its parameters view: no copies.
+        flat = _exposed(replace(lay, fsdp_copies=False))
+        # Held parameters are gathered once a step: 1 x (2 x 2) + 4 x 6 = 28 bytes a parameter.
+        held = _exposed(replace(lay, reshard_after_forward=False)) - _exposed(
+            replace(lay, reshard_after_forward=False, fsdp_copies=False))
+        # float8 all-gather: one byte a parameter gathered and copied out.
+        f8 = _exposed(replace(lay, float8=True)) - _exposed(replace(lay, float8=True, fsdp_copies=False))
+    assert counted - none == pytest.approx(by_hand)
+    assert flat == pytest.approx(none)
+    assert held == pytest.approx(by_hand * 28 / 56)
+    assert f8 == pytest.approx(by_hand * (4 * (2 * 2 * 1) + 4 * 6) / 56)
