@@ -20,10 +20,12 @@ NO_OVERLAP = replace(PROF, overheads=replace(PROF.overheads, fsdp_overlap=0.0))
 
 
 def _layout(**kw) -> Layout:
+    """Llama 3 8B over 64 ranks; FSDP2's copies left out, so that the collectives are priced alone (the last
+    test prices the copies)."""
     base = dict(spec=resolve_model("llama3-8b"), gpus=64, seq_len=8192, global_batch=256, micro_batch=1,
                 dtype="bf16", dp_replicate=1, dp_shard=64, tp=1, sp=False, async_tp=False, pp=1,
                 schedule="1F1B", v=1, stage_layers=(32,), cp=1, ac="full", sac_ops=None, float8=False,
-                reshard_after_forward=True, compile=True)
+                reshard_after_forward=True, compile=True, fsdp_copies=False)
     base.update(kw)
     return Layout(**base)
 
@@ -207,7 +209,7 @@ def test_fsdp2_copies_priced_by_hand_on_the_compute_stream():
     bytes a parameter), and one reduction whose copy-in reads the bf16 gradients and writes the fp32
     reduce-scatter input (2 + 4). 4 micro-batches: 4 x (2 x 4 + 6) = 56 bytes a local parameter, at the
     memory-bound rate, exposed whatever the windows hide."""
-    lay = _layout()
+    lay = _layout(fsdp_copies=True)
     params = stage_params(lay, 0).total
     dev = PROF.device
     by_hand = params * 56 / (dev.memory_bandwidth_gbs * 1e9 * dev.memory_bound_efficiency)
