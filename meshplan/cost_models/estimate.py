@@ -9,7 +9,7 @@ from typing import Any
 from meshplan.cost_models import constants, forms
 from meshplan.cost_models.mfu import mfu as model_mfu, mfu_peak_name
 from meshplan.cost_models.activations import megatron_recomputed_matmuls, recomputed_kinds
-from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time
+from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time, runs_nccl
 from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, model_flops_per_token, sac_kind
 from meshplan.cost_models.host import pipeline_action_s, pipeline_actions, step_host_time
@@ -527,7 +527,7 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
             moe_units = sum(n for k, n in sp.kinds if lay.spec.is_moe_layer(k))
             c.all_gather += issued(gathers, "all_gather", routed * gather_bytes, espan, moe_units)
             c.reduce_scatter += issued(lay.grad_reductions, "reduce_scatter", routed * grad_bytes, espan, moe_units)
-        if lay.fsdp_copies and forms.FORMS.fsdp_copies == "counted":
+        if lay.fsdp_copies and forms.FORMS.fsdp_copies == "counted" and runs_nccl(prof):
             c.copies = fsdp_copy_time(lay, prof, sp.total, gathers, gather_bytes, grad_bytes)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
@@ -547,7 +547,9 @@ def fsdp_copy_time(lay: Layout, prof: ClusterProfile, params: float, gathers: in
     the gathered buffer and writes the unsharded parameters (2 x gather_bytes a parameter), each gradient
     reduction's copy-in reads the unsharded gradients (act_bytes) and writes the reduce-scatter's input
     (grad_bytes). The copy-in on the reduce-scatter stream's side and the sharded gradients' accumulation
-    move a shard's worth, left out."""
+    move a shard's worth, left out. On GPU (NCCL) profiles, whose rows chose the form; a CPU profile keeps
+    what it was calibrated under (the copies in its fitted host and memory terms), as the runs it prices
+    were not part of the choice."""
     per_param = gathers * 2 * gather_bytes + lay.grad_reductions * (lay.act_bytes + grad_bytes)
     return memory_bound_time(prof.device, params * per_param)
 

@@ -81,6 +81,8 @@ class Forms:
     # counted: each gather's copy-out of the unsharded parameters and each reduction's copy-in of the
     # gradients, memory-bound passes counted from fully_shard's collectives, nothing fitted;
     # none: not priced (the form shipped until 2026-12-06), what the sustained rates absorb.
+    # On GPUs (NCCL profiles), whose rows chose it; a CPU profile keeps none, as compiled_elementwise's
+    # speedup: its runs (gloo, tiny models) were not part of the choice, and its calibrated terms carry them.
     # Chosen by nested cross-validation on the dense tables in 11 of 11 folds and on every table
     # (benchmarks/nested_dense_form.py fsdp_copies, benchmarks/results/validate_nested-fsdp_copies.txt,
     # 083cbc2): 5.9 % over the 189 dense rows nested (6.0 % nested with none, at aceab46:

@@ -228,3 +228,17 @@ def test_fsdp2_copies_priced_by_hand_on_the_compute_stream():
     assert flat == pytest.approx(none)
     assert held == pytest.approx(by_hand * 28 / 56)
     assert f8 == pytest.approx(by_hand * (4 * (2 * 2 * 1) + 4 * 6) / 56)
+
+
+def test_fsdp2_copies_left_to_a_cpu_profiles_calibrated_terms():
+    """The form was chosen on GPU rows; a CPU (gloo) profile keeps what it was calibrated under."""
+    cpu = load_profile("cpu-gloo")
+    lay = _layout(fsdp_copies=True, gpus=4, dp_shard=4, global_batch=16)
+
+    def exposed() -> float:
+        return _data_parallel_comm(lay, cpu, group_spans(lay, cpu), 0, ComputeWindows(1.0))[0]
+
+    with forms.forms(fsdp_copies="none"):
+        none = exposed()
+    with forms.forms(fsdp_copies="counted"):
+        assert exposed() == pytest.approx(none)
