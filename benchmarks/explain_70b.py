@@ -254,6 +254,7 @@ def column(name: str, plan: Plan, prof: ClusterProfile, row: PublishedRow | None
         ".FSDP/DP issued beside compute": dp.total,  # the first gather and the last reduction apart
         ".FSDP/DP at the node rate": dp.at_node_rate,  # their kernels' work (forms.py kernel_work)
         ".FSDP/DP contention": dp.contention,  # the compute slowed beside what hides (comm_compute_slowdown)
+        ".FSDP copies on the compute stream": dp.copies,  # FSDP2's copy-out and copy-in (forms.py fsdp_copies)
         ".PP p2p per transfer": est.pipeline.get("p2p_s", 0.0),
     })
     plan_here = plan.copy(cluster=prof.name) if plan.cluster != prof.name else plan
@@ -429,6 +430,7 @@ def _print_time(cols: list[Column], prof: ClusterProfile, ref_name: str) -> None
 
 INFO_TERMS = {".matmul": "matmul", ".TP": "TP comm exposed", ".CP": "CP comm exposed",
               ".FSDP all": "FSDP comm exposed", ".FSDP reduce": "FSDP comm exposed", ".FSDP/DP": "FSDP comm exposed",
+              ".FSDP copies": "FSDP comm exposed",
               ".DP": "DP comm exposed", ".PP": "pipeline bubble"}
 
 
