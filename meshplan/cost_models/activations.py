@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from meshplan.cost_models import forms
 from meshplan.cost_models.flops import Matmul, mla_up_matmuls, mlp_matmuls, shared_expert_matmuls
 from meshplan.cost_models.moe import moe_recompute_drops, moe_tensors
 from meshplan.cost_models.saved_tensor import ActivationTensor
@@ -268,16 +269,20 @@ def recompute_peak_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: b
 BACKWARD_NEEDS = frozenset({"qkv", "attention", "attn_out", "ffn_in"})
 
 
-def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash", compiled: bool = False) -> set[str]:
+def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash", compiled: bool = False,
+                     early_stop: bool = False) -> set[str]:
     """Op kinds whose forward runs again in backward (matmul kinds and the attention core).
 
-    Full AC eager replays the block's whole forward (torch.utils.checkpoint's replay runs ffn_out too: its
-    input is saved only when it runs). Compiled, AOTAutograd's partitioner puts into the backward graph only
-    the recomputation that graph reads, so ffn_out is not run again."""
+    Full AC eager replays the block's forward. A replay that runs to the end (Megatron's CheckpointFunction,
+    or torch.utils.checkpoint without early stop) runs ffn_out too. With `early_stop` (checkpoint_early_stop:
+    torch.utils.checkpoint's non-reentrant replay stops once every tensor the forward saved has been
+    recomputed) the dense block's last matmul, whose output only the residual add reads and nothing saves,
+    is not run again. Compiled, AOTAutograd's partitioner puts into the backward graph only the recomputation
+    that graph reads, so ffn_out is not run again either."""
     if ac == "none":
         return set()
     if ac == "full":
-        return set(BACKWARD_NEEDS) if compiled else set(BACKWARD_NEEDS | {"ffn_out"})
+        return set(BACKWARD_NEEDS) if compiled or early_stop else set(BACKWARD_NEEDS | {"ffn_out"})
     if attention_core_only(ac, sac_ops, attention_kernel):
         return {"attention"}
     if isinstance(sac_ops, MegatronRecompute):
@@ -288,6 +293,15 @@ def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash
         return {"qkv_partial", "attn_out", "ffn_in_partial"} if arch == "llama" else {"qkv_partial", "attn_out"}
     kinds = DEFAULT_SAC_OPS if sac_ops is None else sac_ops
     return BACKWARD_NEEDS - set(kinds)
+
+
+def replay_stops_early(lay, layer: int) -> bool:
+    """Whether full AC's eager replay of block `layer` stops before its last matmul (recomputed_kinds'
+    early_stop): the stack's checkpoint stops early (Layout.checkpoint_early_stop) and forms.py checkpoint_replay
+    says so. A dense block only: an MoE layer's last op weights its experts' outputs by their routing
+    probabilities and saves them, so its replay runs to the end."""
+    return (lay.checkpoint_early_stop and forms.FORMS.checkpoint_replay == "early_stop"
+            and not lay.spec.is_moe_layer(layer))
 
 
 def megatron_recomputed_matmuls(spec: ModelSpec, layer: int, tp: int, sac_ops) -> list[Matmul]:

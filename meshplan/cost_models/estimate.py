@@ -8,7 +8,7 @@ from typing import Any
 
 from meshplan.cost_models import constants, forms
 from meshplan.cost_models.mfu import mfu as model_mfu, mfu_peak_name
-from meshplan.cost_models.activations import megatron_recomputed_matmuls, recomputed_kinds
+from meshplan.cost_models.activations import megatron_recomputed_matmuls, recomputed_kinds, replay_stops_early
 from meshplan.cost_models.comm import GroupSpan, collective_time, p2p_time, runs_nccl
 from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, model_flops_per_token, sac_kind
@@ -608,15 +608,17 @@ def _recompute_flops_per_token(lay: Layout) -> float:
     if not kinds and not isinstance(lay.sac_ops, MegatronRecompute):
         return 0.0
     total = 0.0
+    stopped = recomputed_kinds(lay.ac, lay.sac_ops, spec.arch, lay.attention_kernel, lay.compile, True)
     for layers in spec.block_kinds().values():
+        layer_kinds = stopped if replay_stops_early(lay, layers[0]) else kinds
         flops = sum(mm.flops_per_token for mm in megatron_recomputed_matmuls(spec, layers[0], 1, lay.sac_ops))
         for mm in block_matmuls(spec, layers[0]):
             kind = sac_kind(mm.kind)
-            if kind in kinds:
+            if kind in layer_kinds:
                 flops += mm.flops_per_token
-            elif f"{kind}_partial" in kinds:
+            elif f"{kind}_partial" in layer_kinds:
                 flops += mm.flops_per_token * (spec.kv_dim / (spec.q_dim + 2 * spec.kv_dim) if kind == "qkv" else 0.5)
-        if "attention" in kinds:
+        if "attention" in layer_kinds:
             flops += attention_flops_per_token(spec, lay.seq_len, causal=False, layer=layers[0])
         total += flops * len(layers)
     return total

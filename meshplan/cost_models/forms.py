@@ -88,6 +88,15 @@ class Forms:
     # 083cbc2): 5.9 % over the 189 dense rows nested (6.0 % nested with none, at aceab46:
     # validate_nested-compiled_elementwise.txt).
     fsdp_copies: str = "counted"
+    # What full AC's eager replay runs again (timing._recompute_time, activations.replay_stops_early):
+    # whole: the block's whole forward, its last matmul (ffn_out) included (the form shipped until 2026-12-06);
+    # early_stop: what the stack's checkpoint runs (Layout.checkpoint_early_stop): torch.utils.checkpoint's
+    # non-reentrant replay stops once every tensor the forward saved is recomputed (set_checkpoint_early_stop,
+    # on by default since PyTorch 2.1), so a dense block's ffn_out, whose output nothing saves, is not run
+    # again (counted with a dispatch mode over torch 2.13's checkpoint of an MPT-like block: the replay runs
+    # qkv, attention, attn_out, ffn_in and the activation, not the down projection); Megatron's
+    # CheckpointFunction replays the whole forward.
+    checkpoint_replay: str = "whole"
 
 
 FORMS = Forms()
@@ -97,7 +106,8 @@ ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "
                                             "overlap_contention": ("data_parallel", "every"),
                                             "memory_rate": ("sourced", "fitted"),
                                             "compiled_elementwise": ("speedup", "fused"),
-                                            "fsdp_copies": ("none", "counted")}
+                                            "fsdp_copies": ("none", "counted"),
+                                            "checkpoint_replay": ("whole", "early_stop")}
 
 
 @contextmanager

@@ -78,6 +78,12 @@ class Layout:
     # OLMo-core. FSDP1's flat parameter is gathered into the buffer its parameters view and its gradients
     # already lie flat (Composer, fms-fsdp): no copies. estimate.data_parallel_comm prices them.
     fsdp_copies: bool = True
+    # Whether full AC's replay stops once every tensor the forward saved is recomputed (torch.utils.checkpoint's
+    # non-reentrant implementation, set_checkpoint_early_stop, on by default from PyTorch 2.1: meshplan's runtime
+    # and TorchTitan through checkpoint_wrapper, Composer and fms-fsdp through CheckpointImpl.NO_REENTRANT), so a
+    # dense block's last matmul is not run again (activations.replay_stops_early), or runs the whole forward again
+    # (Megatron's CheckpointFunction).
+    checkpoint_early_stop: bool = True
     # Whether the pipeline schedule keeps every micro-batch's stage output until the step ends (the
     # logits on the last stage): torch.distributed.pipelining before `return_outputs` (TorchTitan
     # 2024). The runtime passes return_outputs=False.

@@ -136,7 +136,8 @@ def megatron_rows() -> list[PublishedRow]:
 # needed"), and stepped Apex's FusedAdam (megatron/optimizer/__init__.py: `from apex.optimizers import
 # FusedAdam as Adam`), scaling gradients only where their norm passes clip_grad: the fused count.
 MEGATRON_OVERRIDES = {"attention_kernel": "eager", "elementwise_kernels": "megatron", "grad_sync": "last_microbatch",
-                      "dp_overlap": "none", "host_counted": False, "optimizer_foreach": False}
+                      "dp_overlap": "none", "host_counted": False, "optimizer_foreach": False,
+                      "checkpoint_early_stop": False}
 KORTHIKANTI_EXPERIMENTS = {  # Table 4's rows: (sequence parallel, activation checkpointing)
     "Baseline no recompute": (False, "none"), "Sequence parallelism": (True, "none"),
     "Baseline with recompute (full)": (False, "full"), "Selective recompute": (False, "selective"),
@@ -438,6 +439,16 @@ def llmfoundry_skip(r: dict[str, str]) -> str | None:
     return None
 
 
+def llmfoundry_early_stop(r: dict[str, str]) -> bool:
+    """Whether a row's full AC replay stopped at the last saved tensor (Layout.checkpoint_early_stop): PyTorch's
+    non-reentrant checkpoint does from 2.1 (set_checkpoint_early_stop), and Composer wraps MPT's blocks
+    non-reentrant (the yamls' activation_checkpointing_reentrant: false). The page's amp_bf16 rows were run by
+    sweep.sh with IMAGE mosaicml/pytorch:2.1.0 (b2a43a147, 2023-10-19, which re-ran the 8-GPU A100 rows; the
+    large H100 rows in 5e85bd62d likewise); its two remaining PURE bf16 A100 rows (MPT-70B on 32 and 64 GPUs)
+    are older, when submit_benchmarks.py's default image was mosaicml/pytorch:1.13.1, before early stop."""
+    return r["mp_mode"] != "PURE"
+
+
 def llmfoundry_rows() -> list[PublishedRow]:
     """MosaicML's MPT throughput table (PyTorch FSDP1 through Composer, data parallel only): FULL_SHARD
     as FSDP with reshard after forward, SHARD_GRAD_OP without; gradients reduce-scattered at every
@@ -461,7 +472,8 @@ def llmfoundry_rows() -> list[PublishedRow]:
                  f"x{r['grad_accum']} {r['sharding']}{' AC' if ac else ''}")
         rows.append(PublishedRow(LLMFOUNDRY, label, plan,
                                  "tokens_per_s_per_gpu", float(r["tokens_per_s_per_gpu"]), skipped=llmfoundry_skip(r),
-                                 layout_overrides=dict(LLMFOUNDRY_OVERRIDES)))
+                                 layout_overrides={**LLMFOUNDRY_OVERRIDES,
+                                                   "checkpoint_early_stop": llmfoundry_early_stop(r)}))
     return rows
 
 

@@ -36,6 +36,7 @@ class Stack:
     elementwise_kernels: str = "pytorch"
     dp_overlap: str = "prefetch"  # Layout.dp_overlap
     fsdp_copies: bool = True  # Layout.fsdp_copies: FSDP2's per-parameter copy-out and copy-in
+    checkpoint_early_stop: bool = True  # Layout.checkpoint_early_stop: full AC's replay stops at the last saved tensor
     host_counted: bool = True  # Layout.host_counted: host.py's op counts are of eager PyTorch modules
     optimizer_foreach: bool = True  # Layout.optimizer_foreach: torch.optim's foreach AdamW, not a fused one
     moe_host_sync: bool = False  # Layout.moe_host_sync: a host sync in every MoE layer, experts eager
@@ -123,10 +124,14 @@ STACKS: dict[str, Stack] = {
          "cuDNN's fused attention on Hopper and newer: Transformer Engine's DotProductAttention drops "
          "FlashAttention 'to give FusedAttention preference on Hopper+ for performance reasons' "
          "(dot_product_attention/utils.py get_attention_backend); FlashAttention-2 on Ampere",
+         "full recompute (recompute_granularity 'full') through tensor_parallel.checkpoint, whose "
+         "CheckpointFunction runs the checkpointed forward again whole before its backward (tensor_parallel/"
+         "random.py), the last matmul of each block included",
          "pipeline receive buffers allocated per transfer, not up front for every micro-batch: P2PCommunicator."
          "_communicate creates each receive tensor with torch.empty when it is posted "
          "(pipeline_parallel/p2p_communication.py), and the tensor received is the stage's input"),
-        elementwise_kernels="megatron", dp_overlap="buckets", fsdp_copies=False, host_counted=False,
+        elementwise_kernels="megatron", dp_overlap="buckets", fsdp_copies=False, checkpoint_early_stop=False,
+        host_counted=False,
         optimizer_foreach=False, moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True,
         attention_kernel="cudnn", pp_recv_up_front=False, recomputes_modules=True),
 }

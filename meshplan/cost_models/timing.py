@@ -7,7 +7,7 @@ from typing import Callable
 
 from meshplan.cost_models import constants, forms
 from meshplan.cost_models.activations import (attention_core_only, megatron_recomputed_matmuls,
-                                              megatron_recomputed_norms, recomputed_kinds)
+                                              megatron_recomputed_norms, recomputed_kinds, replay_stops_early)
 from meshplan.cost_models.comm import GroupSpan, collective_time, runs_nccl
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
@@ -89,7 +89,8 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     if lay.ac == "selective" and isinstance(lay.sac_ops, MegatronRecompute):
         bt.recompute = megatron_recompute_time(lay, prof, spans, layer, c.matmul_by_kind, c.attention_forward)
     else:
-        bt.recompute = _recompute_time(lay, c.matmul_by_kind, c.attention_forward, c.elementwise_forward)
+        bt.recompute = _recompute_time(lay, c.matmul_by_kind, c.attention_forward, c.elementwise_forward,
+                                       replay_stops_early(lay, layer))
     colls = _tp_collectives(lay, prof, spans, layer) if lay.tp > 1 else {}
     bt.forward_passes = 2 if lay.ac == "full" else 1
     tp_total = bt.tp_comm_issued = sum(colls.values()) * (bt.forward_passes + 1)
@@ -280,14 +281,15 @@ def _eager_attention(lay: Layout, prof: ClusterProfile) -> tuple[float, float]:
             2 * mm + memory_bound_time(dev, score_bytes * K.eager_score_passes_bwd))
 
 
-def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, elem_fwd: float) -> float:
+def _recompute_time(lay: Layout, fwd_by_kind: dict[str, float], att_fwd: float, elem_fwd: float,
+                    early_stop: bool = False) -> float:
     """The forward work run again in backward: the recomputed matmuls (activations.recomputed_kinds: compiled,
     full AC does not run ffn_out again), the attention core, and the memory-bound kernels between them."""
     if lay.ac == "none":
         return 0.0
     # A selective policy that saves every matmul and the attention still replays the block's memory-bound
     # ops (norms, RoPE, activations): the wrapper recomputes whatever the policy does not save.
-    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel, lay.compile)
+    kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel, lay.compile, early_stop)
     spec = lay.spec
     t = 0.0
     for mm_kind, secs in fwd_by_kind.items():

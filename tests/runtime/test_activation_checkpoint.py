@@ -109,3 +109,43 @@ def test_a_forward_with_more_matmuls_than_declared_fails_loudly():
     with pytest.raises(RuntimeError, match="more linear matmuls"):
         checkpoint(three_matmuls, torch.randn(4, 8), use_reentrant=False,
                    context_fn=sac_context_fn(("qkv", "qkv"), frozenset({"qkv"})))
+
+
+class _Matmuls(torch.utils._python_dispatch.TorchDispatchMode):
+    """The (rows, columns) of every matmul output, in dispatch order."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ in ("mm", "addmm", "bmm") and isinstance(out, torch.Tensor):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def backward_matmuls(model: str, early_stop: bool) -> list[tuple[int, ...]]:
+    block = block_of(model, "full", None)
+    x = torch.randn(B, S, 64, requires_grad=True)
+    with torch.utils.checkpoint.set_checkpoint_early_stop(early_stop):
+        y = block(x)
+        counted = _Matmuls()
+        with counted:
+            y.sum().backward()
+    return counted.shapes
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-gpt"])
+def test_full_ac_replay_stops_before_the_last_matmul(model):
+    """Full AC as the runtime wraps it (checkpoint_wrapper, non-reentrant) replays the block in backward only up
+    to the last tensor its forward saved: the FFN's down projection, whose output only the residual add reads,
+    is not run again (PyTorch's default early stop), where a replay run to the end runs it (the cost model's
+    Layout.checkpoint_early_stop; forms.py checkpoint_replay). The one matmul the default leaves out makes the
+    block's hidden width (64) from T tokens of the FFN's width."""
+    stopped, whole = backward_matmuls(model, True), backward_matmuls(model, False)
+    assert len(whole) == len(stopped) + 1
+    missing = list(whole)
+    for shape in stopped:
+        missing.remove(shape)
+    assert missing == [(T, 64)]
