@@ -147,14 +147,18 @@ def test_three_processes_find_the_top_400_one_finds(worker_use):
     # The same step times in the same order; the same plans wherever a step time is not shared
     # (plans of exactly equal time, e.g. DualPipeV and ZBV on one layout, may come in either
     # order, and at the K-th place either may make the cut).
-    assert [c.step_time_s for c in three.ranked] == [c.step_time_s for c in one.ranked]
-    last = one.ranked[-1].step_time_s
+    # Equal here means equal to 1e-12 s: two plans whose times tie exactly in the model (AC off
+    # and a policy saving every matmul and the attention, whose replayed memory-bound ops compile away) can
+    # differ in the last bit between a worker's sums and the parent's.
+    assert [c.step_time_s for c in three.ranked] == pytest.approx([c.step_time_s for c in one.ranked], rel=1e-12)
+    last = round(one.ranked[-1].step_time_s, 12)
 
     def by_time(res):
         groups: dict[float, set] = {}
         for c in res.ranked:
-            if c.step_time_s != last:
-                groups.setdefault(c.step_time_s, set()).add((c.layout, c.order))
+            t = round(c.step_time_s, 12)
+            if t != last:
+                groups.setdefault(t, set()).add((c.layout, c.order))
         return groups
 
     assert by_time(three) == by_time(one) and len(by_time(one)) > 100
