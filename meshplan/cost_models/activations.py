@@ -295,12 +295,13 @@ def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash
     return BACKWARD_NEEDS - set(kinds)
 
 
-def replay_stops_early(lay, layer: int) -> bool:
+def replay_stops_early(lay, layer: int, on_gpu: bool) -> bool:
     """Whether full AC's eager replay of block `layer` stops before its last matmul (recomputed_kinds'
     early_stop): the stack's checkpoint stops early (Layout.checkpoint_early_stop) and forms.py checkpoint_replay
-    says so. A dense block only: an MoE layer's last op weights its experts' outputs by their routing
-    probabilities and saves them, so its replay runs to the end."""
-    return (lay.checkpoint_early_stop and forms.FORMS.checkpoint_replay == "early_stop"
+    says so, on a GPU (NCCL) profile, whose rows chose the form (a CPU profile keeps the whole replay its
+    calibrated terms were fitted under). A dense block only: an MoE layer's last op weights its experts'
+    outputs by their routing probabilities and saves them, so its replay runs to the end."""
+    return (on_gpu and lay.checkpoint_early_stop and forms.FORMS.checkpoint_replay == "early_stop"
             and not lay.spec.is_moe_layer(layer))
 
 

@@ -331,7 +331,7 @@ def estimate_layout(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = 
         tokens_per_s_per_gpu=tokens_per_s,
         model_flops_per_token=mflops,
         mfu=mfu,
-        hfu=mfu * (1 + _recompute_flops_per_token(lay) / mflops),
+        hfu=mfu * (1 + _recompute_flops_per_token(lay, runs_nccl(prof)) / mflops),
         peak_memory_gib=peak.total / GIB,
         fits=peak.total / GIB <= usable,
         memory_gib=peak.gib(),
@@ -601,7 +601,7 @@ def optimizer_bytes_per_param(lay: Layout) -> float:
     return m.adamw_bytes_per_param + 4.0  # the clip's norm reads each gradient once
 
 
-def _recompute_flops_per_token(lay: Layout) -> float:
+def _recompute_flops_per_token(lay: Layout, on_gpu: bool = True) -> float:
     """Model FLOPs (the MFU convention) recompute adds per token, over every block."""
     kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel, lay.compile)
     spec = lay.spec
@@ -610,7 +610,7 @@ def _recompute_flops_per_token(lay: Layout) -> float:
     total = 0.0
     stopped = recomputed_kinds(lay.ac, lay.sac_ops, spec.arch, lay.attention_kernel, lay.compile, True)
     for layers in spec.block_kinds().values():
-        layer_kinds = stopped if replay_stops_early(lay, layers[0]) else kinds
+        layer_kinds = stopped if replay_stops_early(lay, layers[0], on_gpu) else kinds
         flops = sum(mm.flops_per_token for mm in megatron_recomputed_matmuls(spec, layers[0], 1, lay.sac_ops))
         for mm in block_matmuls(spec, layers[0]):
             kind = sac_kind(mm.kind)

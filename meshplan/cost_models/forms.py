@@ -95,7 +95,9 @@ class Forms:
     # on by default since PyTorch 2.1), so a dense block's ffn_out, whose output nothing saves, is not run
     # again (counted with a dispatch mode over torch 2.13's checkpoint of an MPT-like block: the replay runs
     # qkv, attention, attn_out, ffn_in and the activation, not the down projection); Megatron's
-    # CheckpointFunction replays the whole forward. Chosen by nested cross-validation on the dense tables in
+    # CheckpointFunction replays the whole forward. On GPUs (NCCL profiles), whose rows chose it; a CPU profile
+    # keeps whole, as for fsdp_copies: counted there, meshplan calibrate's synthetic fit lost its optimum.
+    # Chosen by nested cross-validation on the dense tables in
     # 11 of 11 folds and on every table (benchmarks/nested_dense_form.py checkpoint_replay,
     # benchmarks/results/validate_nested-checkpoint_replay.txt, 2334c5e): 4.9 % over the 189 dense rows
     # nested, 5.9 % with whole (validate_nested-fsdp_copies.txt, 083cbc2).

@@ -90,7 +90,7 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
         bt.recompute = megatron_recompute_time(lay, prof, spans, layer, c.matmul_by_kind, c.attention_forward)
     else:
         bt.recompute = _recompute_time(lay, c.matmul_by_kind, c.attention_forward, c.elementwise_forward,
-                                       replay_stops_early(lay, layer))
+                                       replay_stops_early(lay, layer, runs_nccl(prof)))
     colls = _tp_collectives(lay, prof, spans, layer) if lay.tp > 1 else {}
     bt.forward_passes = 2 if lay.ac == "full" else 1
     tp_total = bt.tp_comm_issued = sum(colls.values()) * (bt.forward_passes + 1)

@@ -58,3 +58,13 @@ def test_an_moe_layers_replay_runs_to_its_end():
     lay = _layout("qwen3-30b-a3b")
     moe_layer = next(i for i in range(lay.spec.n_layers) if lay.spec.is_moe_layer(i))
     assert _recompute(lay, "early_stop", moe_layer) == pytest.approx(_recompute(lay, "whole", moe_layer), rel=1e-12)
+
+
+def test_a_cpu_profile_keeps_the_whole_replay():
+    """The form was chosen on GPU rows; the CPU profile keeps what its terms were calibrated under."""
+    cpu = load_profile("cpu-gloo")
+    lay = _layout("tiny", gpus=2, dp_shard=2, global_batch=4, micro_batch=1, seq_len=128)
+    with forms.forms(checkpoint_replay="whole"):
+        whole = block_time(lay, cpu, group_spans(lay, cpu)).recompute
+    with forms.forms(checkpoint_replay="early_stop"):
+        assert block_time(lay, cpu, group_spans(lay, cpu)).recompute == pytest.approx(whole, rel=1e-12)

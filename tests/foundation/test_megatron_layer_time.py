@@ -98,25 +98,29 @@ def test_table4_differences_have_the_published_size(table4):
         assert predicted == pytest.approx(published, rel=0.35), (a, b, published, predicted)
 
 
-def _llama_block(ac: str, compile_: bool):
+def _llama_block(ac: str, compile_: bool, early_stop: bool = True):
     spec = ModelSpec(name="llama-tiny-wide", arch="llama", dim=4096, n_layers=4, n_heads=32, n_kv_heads=8,
                      ffn_dim=14336, vocab_size=128256, max_seq_len=8192)
     h100 = load_profile("h100-80g-dgx")
     lay = Layout(spec=spec, gpus=1, seq_len=8192, global_batch=1, micro_batch=1, dtype="bf16", dp_replicate=1,
                  dp_shard=1, tp=1, sp=False, async_tp=False, pp=1, schedule="1F1B", v=1, stage_layers=(4,), cp=1,
-                 ac=ac, sac_ops=None, float8=False, reshard_after_forward=True, compile=compile_)
+                 ac=ac, sac_ops=None, float8=False, reshard_after_forward=True, compile=compile_,
+                 checkpoint_early_stop=early_stop)
     return block_time(lay, h100, group_spans(lay, h100)), h100
 
 
 @pytest.mark.parametrize("compile_", [False, True])
-def test_full_recompute_skips_ffn_out_only_when_compiled(compile_):
-    """Eager checkpointing replays the whole forward; compiled, the partitioner recomputes only what the
-    backward reads, and the block's output (w2's, ffn_out) is not among it: w2's 8192 x 14336 -> 4096
-    matmul by hand is what the compiled replay leaves out, with the memory-bound ops, which Inductor fuses
-    into the backward's kernels (timing._recompute_time)."""
-    base, prof = _llama_block("none", compile_)
-    full, _ = _llama_block("full", compile_)
+@pytest.mark.parametrize("early_stop", [False, True])
+def test_full_recompute_skips_ffn_out_unless_the_replay_runs_whole(compile_, early_stop):
+    """A replay run to the end (Megatron's CheckpointFunction: checkpoint_early_stop False) runs the whole
+    forward again eager; PyTorch's non-reentrant checkpoint stops once every saved tensor is recomputed, before
+    w2 (ffn_out), whose output nothing saves (forms.py checkpoint_replay early_stop); compiled, the partitioner
+    recomputes only what the backward reads, not w2 either, and not the memory-bound ops, which Inductor fuses
+    into the backward's kernels (timing._recompute_time). w2's 8192 x 14336 -> 4096 matmul by hand is what
+    is left out."""
+    base, prof = _llama_block("none", compile_, early_stop)
+    full, _ = _llama_block("full", compile_, early_stop)
     w2 = matmul_time(prof.device, 8192, 4096, 14336, "bf16")
-    left_out = w2 + base.kinds.elementwise_forward if compile_ else 0.0
+    left_out = w2 + base.kinds.elementwise_forward if compile_ else (w2 if early_stop else 0.0)
     assert full.recompute == pytest.approx(base.forward - left_out, rel=1e-9)
     assert recomputed_kinds("full", None, "llama", compiled=compile_) >= {"qkv", "attention", "attn_out", "ffn_in"}
