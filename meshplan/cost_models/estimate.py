@@ -522,13 +522,15 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
         c.tail_all_gather = collective_time(prof, "all_gather", sp.block * gather_bytes, span)
         c.tail_reduce_scatter = collective_time(prof, "reduce_scatter", sp.block * grad_bytes, span)
         efsdp = lay.routed_fsdp_shard
+        sharded = params  # what FSDP gathers and reduces, and so copies
         if routed and efsdp > 1:
             espan = _expert_fsdp_span(spans, lay)
             moe_units = sum(n for k, n in sp.kinds if lay.spec.is_moe_layer(k))
             c.all_gather += issued(gathers, "all_gather", routed * gather_bytes, espan, moe_units)
             c.reduce_scatter += issued(lay.grad_reductions, "reduce_scatter", routed * grad_bytes, espan, moe_units)
+            sharded += routed
         if lay.fsdp_copies and forms.FORMS.fsdp_copies == "counted" and runs_nccl(prof):
-            c.copies = fsdp_copy_time(lay, prof, sp.total, gathers, gather_bytes, grad_bytes)
+            c.copies = fsdp_copy_time(lay, prof, sharded, gathers, gather_bytes, grad_bytes)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
         local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
@@ -601,7 +603,7 @@ def optimizer_bytes_per_param(lay: Layout) -> float:
     return m.adamw_bytes_per_param + 4.0  # the clip's norm reads each gradient once
 
 
-def _recompute_flops_per_token(lay: Layout, on_gpu: bool = True) -> float:
+def _recompute_flops_per_token(lay: Layout, on_gpu: bool) -> float:
     """Model FLOPs (the MFU convention) recompute adds per token, over every block."""
     kinds = recomputed_kinds(lay.ac, lay.sac_ops, lay.spec.arch, lay.attention_kernel, lay.compile)
     spec = lay.spec

@@ -40,9 +40,9 @@ def test_eager_full_replay_leaves_out_the_dense_blocks_last_matmul():
     # The model FLOPs recompute adds per token (HFU) follow: 2 x dim x ffn_dim a layer less (SwiGLU's w2).
     spec = lay.spec
     with forms.forms(checkpoint_replay="whole"):
-        whole = _recompute_flops_per_token(lay)
+        whole = _recompute_flops_per_token(lay, True)
     with forms.forms(checkpoint_replay="early_stop"):
-        stopped = _recompute_flops_per_token(lay)
+        stopped = _recompute_flops_per_token(lay, True)
     assert whole - stopped == pytest.approx(spec.n_layers * 2 * spec.dim * spec.ffn_dim, rel=1e-12)
 
 

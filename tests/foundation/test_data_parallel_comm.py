@@ -242,3 +242,27 @@ def test_fsdp2_copies_left_to_a_cpu_profiles_calibrated_terms():
         none = exposed()
     with forms.forms(fsdp_copies="counted"):
         assert exposed() == pytest.approx(none)
+
+
+def test_fsdp2_copies_only_what_fsdp_gathers_under_expert_parallelism():
+    """Under EP the routed experts are FSDP-sharded only where their own group (ep_fsdp) has more than one
+    rank: EP over all 8 ranks leaves it at one, so only the dense parameters are gathered, reduced and copied;
+    EP 2 of 8 shards the experts over 4 and copies them too."""
+    def copies(ep: int) -> tuple[float, float]:
+        lay = _layout(spec=resolve_model("qwen3-30b-a3b"), gpus=8, dp_shard=8, global_batch=16, ep=ep,
+                      stage_layers=(48,), fsdp_copies=True)
+        sp = stage_params(lay, 0)
+        with forms.forms(fsdp_copies="counted"):
+            c = _priced(lay, 0.0, ComputeWindows(1.0))
+        assert lay.routed_fsdp_shard == 8 // ep
+        return c.copies, sp.routed
+
+    per_byte = 1 / (PROF.device.memory_bandwidth_gbs * 1e9 * PROF.device.memory_bound_efficiency)
+    lay = _layout(spec=resolve_model("qwen3-30b-a3b"), gpus=8, dp_shard=8, global_batch=16, stage_layers=(48,))
+    per_param = 2 * lay.n_micro * 2 * 2.0 + lay.n_micro * (2.0 + 4.0)  # bf16 gathers, fp32 reductions
+    full_ep, routed8 = copies(8)
+    half_ep, routed2 = copies(2)
+    total = stage_params(replace(lay, ep=8), 0).total
+    assert full_ep == pytest.approx((total - routed8) * per_param * per_byte)
+    assert half_ep == pytest.approx(stage_params(replace(lay, ep=2), 0).total * per_param * per_byte)
+    assert routed8 > 0

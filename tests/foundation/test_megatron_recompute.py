@@ -201,7 +201,7 @@ def test_the_recompute_adds_its_matmuls_to_the_model_flops_and_holds_what_it_dro
     a, h = spec.mla, spec.n_heads
     lay = _layout(spec, ("mla_up_proj",), stage_layers=(spec.n_layers,))
     up = 2 * (a.q_lora_rank * h * a.qk_head_dim + a.kv_lora_rank * h * (a.qk_nope_head_dim + a.v_head_dim))
-    assert _recompute_flops_per_token(lay) == pytest.approx(spec.n_layers * up, rel=1e-12)
+    assert _recompute_flops_per_token(lay, True) == pytest.approx(spec.n_layers * up, rel=1e-12)
     assert _recomputed_bytes_per_token(lay, 0) == pytest.approx(_kept((), spec, 0) - _kept(("mla_up_proj",), spec, 0),
                                                                rel=1e-12)
 
