@@ -3,7 +3,8 @@ compiled_elementwise by default (what a compiled Llama block's elementwise kerne
 passes shrunk by the fitted compile_speedup, or the fused passes counted kernel by kernel), or
 fsdp_copies (whether FSDP2's copy-out and copy-in on the compute stream are priced), or checkpoint_replay
 (whether full AC's eager replay stops before a dense block's last matmul, as PyTorch's non-reentrant
-checkpoint does).
+checkpoint does), or compiled_loss (what a compiled loss moves: eager passes shrunk by compile_speedup, or
+Inductor's fused kernels counted).
 
 The mixture-of-experts tables are left out of the folds: their Megatron-Core rows run the stack's own fused
 kernels whatever the form, and each of their folds costs minutes, so the full run
@@ -14,6 +15,7 @@ sample; it moves them only through compile_speedup's share of their float8 casts
     python benchmarks/nested_dense_form.py compiled_elementwise 2 > benchmarks/results/validate_nested-compiled_elementwise.txt
     python benchmarks/nested_dense_form.py fsdp_copies 2 > benchmarks/results/validate_nested-fsdp_copies.txt
     python benchmarks/nested_dense_form.py checkpoint_replay 2 > benchmarks/results/validate_nested-checkpoint_replay.txt
+    python benchmarks/nested_dense_form.py compiled_loss 2 > benchmarks/results/validate_nested-compiled_loss.txt
 
 The second argument runs the outer folds in that many processes (the same folds, the same result).
 """
@@ -26,7 +28,7 @@ from meshplan.cost_models import forms
 from meshplan.cost_models.crossval import fold_of, is_moe_source, step_time_rows
 from meshplan.cost_models.nested import nested_cross_validate, nested_text
 
-DENSE_FORMS = ("compiled_elementwise", "fsdp_copies", "checkpoint_replay")
+DENSE_FORMS = ("compiled_elementwise", "fsdp_copies", "checkpoint_replay", "compiled_loss")
 
 
 def is_dense_source(table: str) -> bool:

@@ -102,6 +102,14 @@ class Forms:
     # benchmarks/results/validate_nested-checkpoint_replay.txt, 2334c5e): 4.9 % over the 189 dense rows
     # nested, 5.9 % with whole (validate_nested-fsdp_copies.txt, 083cbc2).
     checkpoint_replay: str = "early_stop"
+    # What a compiled loss moves (timing.loss_times, Layout.loss_compiled: OLMo-core's compile_loss, TorchTitan's
+    # and meshplan's runtime's compiled loss):
+    # speedup: eager PyTorch's passes over fp32 logits shrunk by the fitted overheads.compile_speedup, which is
+    # fitted on rows whose loss runs eager (it came out 1.0, its bound: the compiled loss cost as much as the
+    # eager one);
+    # fused: Inductor's kernels counted (timing.COMPILED_LOSS_BYTES, counted by Inductor's own scheduler):
+    # 4 bytes a logit each way where eager moves about 16. On GPUs (NCCL profiles), as the forms above.
+    compiled_loss: str = "speedup"
 
 
 FORMS = Forms()
@@ -112,7 +120,8 @@ ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "
                                             "memory_rate": ("sourced", "fitted"),
                                             "compiled_elementwise": ("speedup", "fused"),
                                             "fsdp_copies": ("none", "counted"),
-                                            "checkpoint_replay": ("whole", "early_stop")}
+                                            "checkpoint_replay": ("whole", "early_stop"),
+                                            "compiled_loss": ("speedup", "fused")}
 
 
 @contextmanager

@@ -122,6 +122,12 @@ class Layout:
     # Whether the stack compiles the loss where it compiles the blocks (meshplan's runtime does, by
     # specs/rules.py loss_compiled; TorchTitan 2024 compiled the blocks alone): see loss_compiled.
     compiles_loss: bool = True
+    # The cross-entropy kernel where the loss runs eager: pytorch (the upcast, log-softmax and gather as
+    # separate ops; Megatron-Core's unfused and "native" fused losses, which materialize fp32 logits alike,
+    # move about as much) | te (Transformer Engine's fused Triton cross-entropy, in place over the logits:
+    # Megatron-Core's cross_entropy_fusion_impl "te", which Megatron-Bridge's performance scripts set).
+    # timing.loss_times and memory.loss_buffer_bytes price it.
+    loss_kernel: str = "pytorch"
     # Whether tensors live in CUDA's caching allocator, whose per-stream pools keep FSDP2's freed gradients
     # reserved (memory.rank_memory); runtime_paths() sets it from the backend (not on gloo's CPU ranks).
     caching_allocator: bool = True

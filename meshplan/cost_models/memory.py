@@ -360,8 +360,9 @@ def loss_saved_bytes(lay: Layout) -> float:
     """What one micro-batch's loss keeps from its forward to its backward on the last pipeline stage:
     the logits (the stage output the schedule caches for the backward), the log-softmax result the
     cross-entropy saves (fp32; a compiled loss saves per-token statistics instead, negligible), and the
-    final norm output the head matmul saved."""
-    if lay.loss_compiled:
+    final norm output the head matmul saved. Transformer Engine's fused loss (Layout.loss_kernel "te")
+    writes the logits' gradient over them in its forward and keeps that alone."""
+    if lay.loss_compiled or lay.loss_kernel == "te":
         per = lay.act_bytes
     else:
         per = lay.act_bytes + 4.0 if lay.act_bytes < 4 else 8.0
@@ -376,7 +377,11 @@ def loss_buffer_bytes(lay: Layout) -> float:
     the final norm output the head matmul saved. Counted on the runtime's loss with live storages:
     14 bytes per logit in bf16, 16 in fp32 (tests/runtime/test_saved_activations.py). Compiled
     (Layout.loss_compiled), the logits and their gradient in the compute dtype alone, measured the same way.
+    Transformer Engine's fused loss (Layout.loss_kernel "te") computes the gradient into the logits' own
+    storage and scales it there in backward (timing.TE_LOSS_BYTES): the logits alone.
     """
+    if lay.loss_kernel == "te":
+        return logit_count(lay) * lay.act_bytes + head_input_bytes(lay)
     if lay.loss_compiled:
         return logit_count(lay) * 2 * lay.act_bytes + head_input_bytes(lay)
     per = lay.act_bytes + 12.0

@@ -250,6 +250,17 @@ DEEPEP_ROWS = frozenset({
 })
 
 
+def loss_kernel(row: dict[str, str]) -> str:
+    """The cross-entropy kernel an MoE row ran (Layout.loss_kernel): Megatron-Bridge's performance scripts set
+    cross_entropy_fusion_impl "te" over every recipe (scripts/performance/utils/overrides.py,
+    _set_common_perf_overrides, at 9d70874; its GPT providers turn cross_entropy_loss_fusion on), Transformer
+    Engine's fused Triton loss. The model zoo's yamls name "native" (model_configs/benchmarking/
+    Qwen3-235B-A22B.yaml; DeepSeek-V3.yaml: "te ce fusion is broken"), as does Megatron-LM's default
+    cross_entropy_fusion_impl under its GB200 notes' --cross-entropy-loss-fusion: Megatron-Core's
+    fused_vocab_parallel_cross_entropy, which upcasts the logits and keeps fp32 exponentials as the eager loss does."""
+    return "te" if row["id"].startswith("mb-") else "pytorch"
+
+
 def full_iteration_graphs(row: dict[str, str]) -> bool:
     """Whether a Megatron-Bridge MoE row's recipe ran the 26.06+ GB200 MXFP8 bundle: full-iteration CUDA
     graphs over sync-free HybridEP (docs/sources/megatron-bridge-moe-recipes.md, "FI bundle"). Every other
@@ -401,7 +412,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES,
                                                    "moe_host_sync": not full_iteration_graphs(r),
                                                    "moe_fused_mlp": full_iteration_graphs(r),
-                                                   "attention_dtype": attention_dtype(r)}))
+                                                   "attention_dtype": attention_dtype(r),
+                                                   "loss_kernel": loss_kernel(r)}))
     return rows
 
 

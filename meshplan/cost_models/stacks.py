@@ -89,7 +89,9 @@ STACKS: dict[str, Stack] = {
          "gradients reduced once per step, at the last micro-batch (DistributedDataParallel's no_sync over "
          "micro-batches; the distributed optimizer)",
          "cross-entropy unfused by default (ModelParallelConfig.cross_entropy_loss_fusion False): priced as "
-         "the eager loss; recipes that turn Transformer Engine's fused one on are not told apart",
+         "the eager loss, as is its 'native' fused one (fused_vocab_parallel_cross_entropy upcasts the logits "
+         "and keeps fp32 exponentials); Transformer Engine's fused one (cross_entropy_fusion_impl 'te', which "
+         "Megatron-Bridge's performance scripts set) is Layout.loss_kernel 'te', in place over the logits",
          "fused elementwise kernels as the performance recipes switch them on (TransformerConfig "
          "apply_rope_fusion, bias_activation_fusion, bias_dropout_fusion; Transformer Engine's RMSNorm): "
          "each reads its inputs and writes its outputs once (timing.MEGATRON_CORE_LLAMA_PASSES), with or "

@@ -642,19 +642,45 @@ class HeadTime:
     backward: float
 
 
+# Bytes per logit the loss kernels move, (forward, backward), besides the head matmul that writes the logits:
+# - Inductor's compiled cross-entropy (Layout.loss_compiled under forms.py compiled_loss "fused"): two
+#   reductions read the compute-dtype logits forward (their max, then the sum of exponentials; the upcast is
+#   fused into both), one pointwise kernel reads them backward and writes their gradient. torch 2.13's
+#   scheduler counts 4.0 and 4.0 (torch._inductor.metrics.num_bytes_accessed over F.cross_entropy(logits.float())
+#   in bf16, and with OLMo-core's z-loss on the same log-sum-exp: tests/runtime/test_compiled_loss_bytes.py).
+# - Transformer Engine's fused cross-entropy (Layout.loss_kernel "te"; Triton, transformer_engine/common/
+#   triton/cross_entropy.py, before v2.18): online_softmax_kernel reads the logits, cross_entropy_kernel reads
+#   them again and writes the gradient over them in place; backward, element_mul_kernel reads and writes it
+#   once more (Megatron-Core hands it a per-token loss gradient, not the 1.0 it skips). v2.18 (01bbe3eea,
+#   2026-07) keeps that gradient in fp32 instead, after every row priced with it.
+COMPILED_LOSS_BYTES = (4.0, 4.0)
+TE_LOSS_BYTES = (6.0, 4.0)
+
+
+def loss_times(lay: Layout, prof: ClusterProfile, logits: float) -> tuple[float, float]:
+    """(forward, backward) seconds of the cross-entropy over `logits` logits, memory-bound, as the stack runs it:
+    eager PyTorch's upcast, log-softmax and gather (about constants.MODEL.loss_passes passes over fp32 logits each
+    way; compiled, shrunk by compile_speedup where forms.py compiled_loss says "speedup" or on a CPU profile,
+    whose calibrated terms carry its compiled loss), Inductor's fused kernels, or Transformer Engine's."""
+    dev = prof.device
+    if lay.loss_kernel == "te":
+        per = TE_LOSS_BYTES
+    elif lay.loss_compiled and runs_nccl(prof) and forms.FORMS.compiled_loss == "fused":
+        per = COMPILED_LOSS_BYTES
+    else:
+        eager = constants.MODEL.loss_passes * 4 / (prof.overheads.compile_speedup if lay.loss_compiled else 1.0)
+        per = (eager, eager)
+    return memory_bound_time(dev, logits * per[0]), memory_bound_time(dev, logits * per[1])
+
+
 def head_time(lay: Layout, prof: ClusterProfile) -> HeadTime:
     """Output projection plus cross-entropy (memory-bound over the logits) for one micro-batch."""
     dev = prof.device
     T = lay.tokens_per_micro
     mm = logits_matmul(lay.spec, lay.tp)
     fwd_mm = matmul_time(dev, T, mm.n, mm.k, lay.dtype) / prof.overheads.kernel_efficiency
-    logits = T * lay.spec.vocab_size / lay.tp
-    # Upcast, log-softmax, loss gather: about 4 passes over fp32 logits forward, 4 backward; a compiled
-    # loss fuses them as the blocks' memory-bound work is fused.
-    loss = memory_bound_time(dev, logits * constants.MODEL.loss_passes * 4)
-    if lay.loss_compiled:
-        loss /= prof.overheads.compile_speedup
-    fwd, bwd = fwd_mm + loss, 2 * fwd_mm + loss
+    loss_fwd, loss_bwd = loss_times(lay, prof, T * lay.spec.vocab_size / lay.tp)
+    fwd, bwd = fwd_mm + loss_fwd, 2 * fwd_mm + loss_bwd
     host_f, host_b = head_host(lay)
     o = prof.overheads
     return HeadTime(fwd + host_added(lay, fwd, host_f.seconds(o)), bwd + host_added(lay, bwd, host_b.seconds(o)))
