@@ -22,6 +22,7 @@ from meshplan.cost_models.stacks import MegatronRecompute
 from meshplan.cost_models.timing import BlockTime, block_time, embedding_time, ep_alone_share, head_time, mtp_extra_time
 from meshplan.profiles.schema import ClusterProfile
 from meshplan.specs.plan import MESH_DIMS, Plan
+from meshplan.specs.rules import uses_fully_shard
 
 # Outer to inner, as TorchTitan builds its mesh: TP varies fastest so it stays inside a node.
 DEFAULT_MESH_ORDER = MESH_DIMS
@@ -435,7 +436,7 @@ class DataParallelComm:
     @property
     def exposed(self) -> float:
         if not self.total:
-            return 0.0
+            return self.copies  # fully_shard on one rank: its copies, no collective (one_rank_copy_time)
         if self.mechanism == "none":
             return self.total + self.copies
         return self.beyond_windows + self.tail + self.contention + self.copies
@@ -448,7 +449,7 @@ class DataParallelComm:
     @property
     def fsdp_share(self) -> float:
         """FSDP's share of the exposed time (the split reported as fsdp_comm / dp_comm)."""
-        return self.fsdp / self.total if self.total else 0.0
+        return self.fsdp / self.total if self.total else float(self.copies > 0)
 
 
 @dataclass(frozen=True)
@@ -531,6 +532,10 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
             sharded += routed
         if lay.fsdp_copies and forms.FORMS.fsdp_copies == "counted" and runs_nccl(prof):
             c.copies = fsdp_copy_time(lay, prof, sharded, gathers, gather_bytes, grad_bytes)
+    elif (lay.fsdp_one_rank and uses_fully_shard(1, lay.dp_replicate, lay.dtype) and lay.fsdp_copies
+          and forms.FORMS.fsdp_copies == "counted" and runs_nccl(prof)):
+        gathers = 1 if lay.params_held else 2 * lay.n_micro
+        c.copies = one_rank_copy_time(lay, prof, sp.total, gathers, gather_bytes, grad_bytes)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
         local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
@@ -553,6 +558,18 @@ def fsdp_copy_time(lay: Layout, prof: ClusterProfile, params: float, gathers: in
     what it was calibrated under (the copies in its fitted host and memory terms), as the runs it prices
     were not part of the choice."""
     per_param = gathers * 2 * gather_bytes + lay.grad_reductions * (lay.act_bytes + grad_bytes)
+    return memory_bound_time(prof.device, params * per_param)
+
+
+def one_rank_copy_time(lay: Layout, prof: ClusterProfile, params: float, gathers: int, gather_bytes: float,
+                       grad_bytes: float) -> float:
+    """fully_shard's copies on a one-rank mesh over the step (Layout.fsdp_one_rank), on the compute stream:
+    each unshard casts the fp32 parameters to the gather dtype (4 + gather_bytes a parameter; spread over the
+    shards, and left out, where FSDP shards) and copies them into the unsharded parameters (2 x gather_bytes:
+    the copy-out's bytes), each reduction copies the gradients in as fsdp_copy_time does. The one-rank
+    reduction's copy to its output runs on the reduce-scatter stream, beside the compute, as a collective
+    would: left out."""
+    per_param = gathers * (4.0 + 3 * gather_bytes) + lay.grad_reductions * (lay.act_bytes + grad_bytes)
     return memory_bound_time(prof.device, params * per_param)
 
 

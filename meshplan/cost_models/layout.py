@@ -78,6 +78,13 @@ class Layout:
     # OLMo-core. FSDP1's flat parameter is gathered into the buffer its parameters view and its gradients
     # already lie flat (Composer, fms-fsdp): no copies. estimate.data_parallel_comm prices them.
     fsdp_copies: bool = True
+    # Whether a bf16 plan without FSDP still runs fully_shard on a one-rank mesh for its mixed precision
+    # (meshplan's runtime, runtime/data_parallel.py; specs/rules.py uses_fully_shard): no collective, but each
+    # unshard casts the fp32 parameters to the compute dtype and copies them into the unsharded ones, and each
+    # reduction copies the gradients in (FSDPParamGroup.wait_for_unshard's world_size == 1 branch,
+    # foreach_reduce's copy-in; torch 2.13). TorchTitan runs one device under autocast instead, and has no
+    # mixed precision for TP or PP without FSDP. estimate.one_rank_copy_time prices them.
+    fsdp_one_rank: bool = False
     # Whether full AC's replay stops once every tensor the forward saved is recomputed (torch.utils.checkpoint's
     # non-reentrant implementation, set_checkpoint_early_stop, on by default from PyTorch 2.1: meshplan's runtime
     # and TorchTitan through checkpoint_wrapper, Composer and fms-fsdp through CheckpointImpl.NO_REENTRANT), so a

@@ -36,6 +36,7 @@ class Stack:
     elementwise_kernels: str = "pytorch"
     dp_overlap: str = "prefetch"  # Layout.dp_overlap
     fsdp_copies: bool = True  # Layout.fsdp_copies: FSDP2's per-parameter copy-out and copy-in
+    fsdp_one_rank: bool = False  # Layout.fsdp_one_rank: fully_shard on one rank, for mixed precision alone
     checkpoint_early_stop: bool = True  # Layout.checkpoint_early_stop: full AC's replay stops at the last saved tensor
     host_counted: bool = True  # Layout.host_counted: host.py's op counts are of eager PyTorch modules
     optimizer_foreach: bool = True  # Layout.optimizer_foreach: torch.optim's foreach AdamW, not a fused one
@@ -56,7 +57,12 @@ STACKS: dict[str, Stack] = {
                     ("meshplan's runtime (docs/runtime.md)",
                      "PyTorch's SDPA runs cuDNN's fused attention on Hopper and newer: PyTorch 2.11 on a lent H200 ran "
                      "aten::_cudnn_attention_forward and _backward (benchmarks/results/"
-                     "ops-llama3.2-3b-planner_1-NVIDIA_H200-9816110.txt)")),
+                     "ops-llama3.2-3b-planner_1-NVIDIA_H200-9816110.txt)",
+                     "a bf16 plan without FSDP runs fully_shard on a one-rank mesh for its mixed precision "
+                     "(runtime/data_parallel.py), which casts and copies the parameters at each unshard and copies "
+                     "the gradients in at each reduction: the same H200 profile ran aten::_chunk_cat (9.8 ms) and "
+                     "device-to-device copies (12.4 ms) in a 572 ms step of one GPU"),
+                    fsdp_one_rank=True),
     TORCHTITAN: Stack(
         TORCHTITAN_OP_POLICY, True, "every_microbatch",
         ("selective AC 'op': save SDPA's output and every other matmul's (torchtitan apply_ac, _save_list)",

@@ -266,3 +266,28 @@ def test_fsdp2_copies_only_what_fsdp_gathers_under_expert_parallelism():
     assert full_ep == pytest.approx((total - routed8) * per_param * per_byte)
     assert half_ep == pytest.approx(stage_params(replace(lay, ep=2), 0).total * per_param * per_byte)
     assert routed8 > 0
+
+
+def test_one_rank_fully_shard_copies_by_hand():
+    """A bf16 plan without FSDP on meshplan's runtime still runs fully_shard on one rank for its mixed
+    precision (Layout.fsdp_one_rank): no collective, but each unshard casts the fp32 parameters to bf16
+    (read 4 + write 2 bytes) and copies them into the unsharded ones (2 + 2), and each reduction copies the
+    bf16 gradients into the fp32 reduce input (2 + 4). One GPU, 4 micro-batches resharded after forward:
+    8 x 10 + 4 x 6 = 104 bytes a parameter, exposed whole (nothing to hide behind); with float8's one-byte
+    cast and copy 8 x 7 + 24 = 80. TorchTitan's stack (autocast on one device) and fp32 plans copy nothing."""
+    lay = _layout(gpus=1, dp_shard=1, global_batch=4, fsdp_copies=True, fsdp_one_rank=True)
+    params = stage_params(lay, 0).total
+    per_byte = 1 / (PROF.device.memory_bandwidth_gbs * 1e9 * PROF.device.memory_bound_efficiency)
+    with forms.forms(fsdp_copies="counted"):
+        c = _priced(lay, 0.0, ComputeWindows(1.0))
+        assert c.total == 0.0 and c.copies == pytest.approx(params * 104 * per_byte, rel=1e-12)
+        assert c.exposed == c.copies and c.fsdp_share == 1.0
+        f8 = _priced(replace(lay, float8=True), 0.0, ComputeWindows(1.0)).copies
+        assert f8 == pytest.approx(params * 80 * per_byte, rel=1e-12)
+        assert _priced(replace(lay, fsdp_one_rank=False), 0.0, ComputeWindows(1.0)).copies == 0.0
+        assert _priced(replace(lay, dtype="fp32"), 0.0, ComputeWindows(1.0)).copies == 0.0
+        # DDP replicas use replicate, not fully_shard: their all-reduce, no copies.
+        ddp = _priced(replace(lay, gpus=2, dp_replicate=2, global_batch=8), 0.0, ComputeWindows(1.0))
+        assert ddp.copies == 0.0 and ddp.all_reduce > 0
+    with forms.forms(fsdp_copies="none"):
+        assert _priced(lay, 0.0, ComputeWindows(1.0)).copies == 0.0
