@@ -84,7 +84,7 @@ class Layout:
     # reduction copies the gradients in (FSDPParamGroup.wait_for_unshard's world_size == 1 branch,
     # foreach_reduce's copy-in; torch 2.13). TorchTitan runs one device under autocast instead, and has no
     # mixed precision for TP or PP without FSDP. estimate.one_rank_copy_time prices them.
-    fsdp_one_rank: bool = False
+    fsdp_one_rank: bool = True
     # Whether full AC's replay stops once every tensor the forward saved is recomputed (torch.utils.checkpoint's
     # non-reentrant implementation, set_checkpoint_early_stop, on by default from PyTorch 2.1: meshplan's runtime
     # and TorchTitan through checkpoint_wrapper, Composer and fms-fsdp through CheckpointImpl.NO_REENTRANT), so a

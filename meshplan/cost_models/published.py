@@ -137,7 +137,7 @@ def megatron_rows() -> list[PublishedRow]:
 # FusedAdam as Adam`), scaling gradients only where their norm passes clip_grad: the fused count.
 MEGATRON_OVERRIDES = {"attention_kernel": "eager", "elementwise_kernels": "megatron", "grad_sync": "last_microbatch",
                       "dp_overlap": "none", "host_counted": False, "optimizer_foreach": False,
-                      "checkpoint_early_stop": False}
+                      "checkpoint_early_stop": False, "fsdp_one_rank": False}
 KORTHIKANTI_EXPERIMENTS = {  # Table 4's rows: (sequence parallel, activation checkpointing)
     "Baseline no recompute": (False, "none"), "Sequence parallelism": (True, "none"),
     "Baseline with recompute (full)": (False, "full"), "Selective recompute": (False, "selective"),

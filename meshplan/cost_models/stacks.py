@@ -36,7 +36,7 @@ class Stack:
     elementwise_kernels: str = "pytorch"
     dp_overlap: str = "prefetch"  # Layout.dp_overlap
     fsdp_copies: bool = True  # Layout.fsdp_copies: FSDP2's per-parameter copy-out and copy-in
-    fsdp_one_rank: bool = False  # Layout.fsdp_one_rank: fully_shard on one rank, for mixed precision alone
+    fsdp_one_rank: bool = True  # Layout.fsdp_one_rank: fully_shard on one rank, for mixed precision alone
     checkpoint_early_stop: bool = True  # Layout.checkpoint_early_stop: full AC's replay stops at the last saved tensor
     host_counted: bool = True  # Layout.host_counted: host.py's op counts are of eager PyTorch modules
     optimizer_foreach: bool = True  # Layout.optimizer_foreach: torch.optim's foreach AdamW, not a fused one
@@ -61,8 +61,7 @@ STACKS: dict[str, Stack] = {
                      "a bf16 plan without FSDP runs fully_shard on a one-rank mesh for its mixed precision "
                      "(runtime/data_parallel.py), which casts and copies the parameters at each unshard and copies "
                      "the gradients in at each reduction: the same H200 profile ran aten::_chunk_cat (9.8 ms) and "
-                     "device-to-device copies (12.4 ms) in a 572 ms step of one GPU"),
-                    fsdp_one_rank=True),
+                     "device-to-device copies (12.4 ms) in a 572 ms step of one GPU")),
     TORCHTITAN: Stack(
         TORCHTITAN_OP_POLICY, True, "every_microbatch",
         ("selective AC 'op': save SDPA's output and every other matmul's (torchtitan apply_ac, _save_list)",
@@ -82,8 +81,12 @@ STACKS: dict[str, Stack] = {
          "RoPE as a complex multiply (torchtitan models/llama apply_rotary_emb: view_as_complex, the product with "
          "freqs_cis, view_as_real); Inductor generates no code for complex dtypes and runs such ops as eager "
          "fallback kernels (pytorch#98155, 'Fallback on complex64 kernels'; its lowering warns 'Torchinductor does "
-         "not support code generation for complex operators'), so compiled blocks pay the rotation in fp32"),
-        attention_kernel="flash", moe_tp_gather=True, rope_complex=True),
+         "not support code generation for complex operators'), so compiled blocks pay the rotation in fp32",
+         "no fully_shard without FSDP: mixed_precision_param 'takes effect via fully_shard when "
+         "data_parallel_shard_degree > 1 or context_parallel_degree > 1; it takes effect via torch.autocast when "
+         "data_replicate_degree >= 1 and no other parallelism is enabled' (torchtitan config/configs.py at b5bcd76c6), "
+         "so a plan without FSDP copies nothing (Layout.fsdp_one_rank)"),
+        attention_kernel="flash", moe_tp_gather=True, rope_complex=True, fsdp_one_rank=False),
     MEGATRON_CORE: Stack(
         None, False, "last_microbatch",
         ("selective recompute by module (recompute_granularity 'selective' with TransformerConfig."
@@ -139,6 +142,7 @@ STACKS: dict[str, Stack] = {
          "_communicate creates each receive tensor with torch.empty when it is posted "
          "(pipeline_parallel/p2p_communication.py), and the tensor received is the stage's input"),
         elementwise_kernels="megatron", dp_overlap="buckets", fsdp_copies=False, checkpoint_early_stop=False,
+        fsdp_one_rank=False,
         host_counted=False,
         optimizer_foreach=False, moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True,
         attention_kernel="cudnn", pp_recv_up_front=False, recomputes_modules=True),
