@@ -12,19 +12,12 @@ from meshplan.cost_models.estimate import _recompute_flops_per_token, group_span
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.timing import block_compute, block_time
 from meshplan.profiles.registry import load_profile
-from meshplan.specs.registry import resolve_model
+from layout_base import fsdp8_layout
 
 PROF = load_profile("h100-80g-dgx")
 
 
-def _layout(model: str = "llama3-8b", **kw) -> Layout:
-    spec = resolve_model(model)
-    base = dict(spec=spec, gpus=8, seq_len=4096, global_batch=16, micro_batch=2, dtype="bf16", dp_replicate=1,
-                dp_shard=8, tp=1, sp=False, async_tp=False, pp=1, schedule="1F1B", v=1,
-                stage_layers=(spec.n_layers,), cp=1, ac="full", sac_ops=None, float8=False,
-                reshard_after_forward=True, compile=False)
-    base.update(kw)
-    return Layout(**base)
+_layout = fsdp8_layout
 
 
 def _recompute(lay: Layout, replay: str, layer: int | None = None) -> float:

@@ -13,20 +13,14 @@ from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.memory import head_input_bytes, loss_buffer_bytes, loss_saved_bytes
 from meshplan.cost_models.timing import head_time, loss_times
 from meshplan.profiles.registry import load_profile
-from meshplan.specs.registry import resolve_model
+from layout_base import fsdp8_layout
 
 GPU = load_profile("h100-80g-dgx")
 CPU = load_profile("cpu-gloo")
 
 
 def _layout(**kw) -> Layout:
-    spec = resolve_model("llama3-8b")
-    base = dict(spec=spec, gpus=8, seq_len=4096, global_batch=16, micro_batch=2, dtype="bf16", dp_replicate=1,
-                dp_shard=8, tp=1, sp=False, async_tp=False, pp=1, schedule="1F1B", v=1,
-                stage_layers=(spec.n_layers,), cp=1, ac="none", sac_ops=None, float8=False,
-                reshard_after_forward=True, compile=False)
-    base.update(kw)
-    return Layout(**base)
+    return fsdp8_layout(**{"ac": "none", **kw})
 
 
 def _seconds_per_byte(prof) -> float:
