@@ -515,9 +515,10 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
         return took
 
     units = sp.layers + 1  # FSDP groups one collective per block, plus the root (embedding, norm, head)
+    gathers = 1 if lay.params_held else 2 * lay.n_micro
+    copies_priced = lay.fsdp_copies and forms.FORMS.fsdp_copies == "counted" and runs_nccl(prof)
     if lay.fsdp_shard > 1:
         span = _fsdp_span(spans)
-        gathers = 1 if lay.params_held else 2 * lay.n_micro
         c.all_gather = issued(gathers, "all_gather", params * gather_bytes, span, units)
         c.reduce_scatter = issued(lay.grad_reductions, "reduce_scatter", params * grad_bytes, span, units)
         c.tail_all_gather = collective_time(prof, "all_gather", sp.block * gather_bytes, span)
@@ -530,11 +531,9 @@ def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, Group
             c.all_gather += issued(gathers, "all_gather", routed * gather_bytes, espan, moe_units)
             c.reduce_scatter += issued(lay.grad_reductions, "reduce_scatter", routed * grad_bytes, espan, moe_units)
             sharded += routed
-        if lay.fsdp_copies and forms.FORMS.fsdp_copies == "counted" and runs_nccl(prof):
+        if copies_priced:
             c.copies = fsdp_copy_time(lay, prof, sharded, gathers, gather_bytes, grad_bytes)
-    elif (lay.fsdp_one_rank and uses_fully_shard(1, lay.dp_replicate, lay.dtype) and lay.fsdp_copies
-          and forms.FORMS.fsdp_copies == "counted" and runs_nccl(prof)):
-        gathers = 1 if lay.params_held else 2 * lay.n_micro
+    elif copies_priced and lay.fsdp_one_rank and uses_fully_shard(1, lay.dp_replicate, lay.dtype):
         c.copies = one_rank_copy_time(lay, prof, sp.total, gathers, gather_bytes, grad_bytes)
     if lay.dp_replicate > 1:
         span = spans["dp_replicate"]
@@ -564,13 +563,12 @@ def fsdp_copy_time(lay: Layout, prof: ClusterProfile, params: float, gathers: in
 def one_rank_copy_time(lay: Layout, prof: ClusterProfile, params: float, gathers: int, gather_bytes: float,
                        grad_bytes: float) -> float:
     """fully_shard's copies on a one-rank mesh over the step (Layout.fsdp_one_rank), on the compute stream:
-    each unshard casts the fp32 parameters to the gather dtype (4 + gather_bytes a parameter; spread over the
-    shards, and left out, where FSDP shards) and copies them into the unsharded parameters (2 x gather_bytes:
-    the copy-out's bytes), each reduction copies the gradients in as fsdp_copy_time does. The one-rank
-    reduction's copy to its output runs on the reduce-scatter stream, beside the compute, as a collective
-    would: left out."""
-    per_param = gathers * (4.0 + 3 * gather_bytes) + lay.grad_reductions * (lay.act_bytes + grad_bytes)
-    return memory_bound_time(prof.device, params * per_param)
+    fsdp_copy_time's copy-out into the unsharded parameters and copy-in of the gradients, plus, at each
+    unshard, the cast of the fp32 parameters to the gather dtype (4 + gather_bytes a parameter), which where
+    FSDP shards is a shard's worth and left out. The one-rank reduction's copy to its output runs on the
+    reduce-scatter stream, beside the compute, as a collective would: left out."""
+    cast = memory_bound_time(prof.device, params * gathers * (4.0 + gather_bytes))
+    return fsdp_copy_time(lay, prof, params, gathers, gather_bytes, grad_bytes) + cast
 
 
 def contended(c: DataParallelComm) -> float:
