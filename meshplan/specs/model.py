@@ -9,7 +9,7 @@ from typing import Any
 
 from meshplan.errors import InputError
 from meshplan.fields import as_bool, as_choice, as_float, as_int, as_str, reject_unknown, require_mapping
-from meshplan.specs.moe import MLASpec, MoESpec
+from meshplan.specs.moe import MAX_WIDTH, MLASpec, MoESpec
 
 ARCHS = ("llama", "gpt")
 # Fields a dense GQA model leaves at their defaults; to_dict omits them there, so dense specs read as before.
@@ -226,9 +226,9 @@ class ModelSpec:
             if key not in data:
                 raise InputError(f"{field}.{key}", "is required")
         arch = as_choice(data.get("arch", "llama"), f"{field}.arch", ARCHS)
-        n_heads = as_int(data["n_heads"], f"{field}.n_heads", 1)
-        dim = as_int(data["dim"], f"{field}.dim", 1)
-        n_kv = as_int(data.get("n_kv_heads", n_heads), f"{field}.n_kv_heads", 1)
+        n_heads = as_int(data["n_heads"], f"{field}.n_heads", 1, maximum=MAX_WIDTH)
+        dim = as_int(data["dim"], f"{field}.dim", 1, maximum=MAX_WIDTH)
+        n_kv = as_int(data.get("n_kv_heads", n_heads), f"{field}.n_kv_heads", 1, maximum=MAX_WIDTH)
         n_layers = as_int(data["n_layers"], f"{field}.n_layers", 1, maximum=MAX_LAYERS)
         if dim % n_heads:
             raise InputError(f"{field}.dim", f"must be divisible by n_heads ({n_heads}), got {dim}")
@@ -242,8 +242,8 @@ class ModelSpec:
             n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=n_kv,
-            ffn_dim=as_int(data["ffn_dim"], f"{field}.ffn_dim", 1),
-            vocab_size=as_int(data["vocab_size"], f"{field}.vocab_size", 2),
+            ffn_dim=as_int(data["ffn_dim"], f"{field}.ffn_dim", 1, maximum=MAX_WIDTH),
+            vocab_size=as_int(data["vocab_size"], f"{field}.vocab_size", 2, maximum=MAX_WIDTH),
             tied_embeddings=as_bool(data.get("tied_embeddings", False), f"{field}.tied_embeddings"),
             max_seq_len=as_int(data.get("max_seq_len", defaults["max_seq_len"].default), f"{field}.max_seq_len", 1),
             norm_eps=as_float(data.get("norm_eps", defaults["norm_eps"].default), f"{field}.norm_eps", 0.0, True),
@@ -256,7 +256,7 @@ def _optional_parts(data: dict[str, Any], field: str, n_layers: int) -> dict[str
     """The optional fields of a model mapping, validated (OPTIONAL_FIELDS)."""
     out: dict[str, Any] = {}
     if data.get("attention_head_dim") is not None:
-        out["attention_head_dim"] = as_int(data["attention_head_dim"], f"{field}.attention_head_dim", 1)
+        out["attention_head_dim"] = as_int(data["attention_head_dim"], f"{field}.attention_head_dim", 1, maximum=MAX_WIDTH)
     for key in ("qk_norm", "attention_bias", "attention_sinks"):
         if key in data:
             out[key] = as_bool(data[key], f"{field}.{key}")

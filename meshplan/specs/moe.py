@@ -17,6 +17,11 @@ LOAD_BALANCE = ("aux_loss", "bias")  # an auxiliary loss, or DeepSeek-V3's aux-l
 # beyond these would run for hours on a malformed file.
 MAX_EXPERTS = 65_536
 MAX_TOP_K = 1_024
+# The widest a model's dimensions can be (hidden size, heads, FFN and expert widths, vocabulary, head and
+# low-rank widths): published LLMs stay below a million (Gemma's 262k vocabulary, Llama 3 405B's 53,248 FFN),
+# and the cost model multiplies widths by tokens and by each other in floating point, which a malformed file's
+# 1e154 overflows.
+MAX_WIDTH = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,7 @@ class MoESpec:
         if top_k > experts:
             raise InputError(f"{field}.top_k", f"must be at most experts ({experts}), got {top_k}")
         return cls(experts=experts, top_k=top_k,
-                   expert_ffn_dim=as_int(data["expert_ffn_dim"], f"{field}.expert_ffn_dim", 1),
+                   expert_ffn_dim=as_int(data["expert_ffn_dim"], f"{field}.expert_ffn_dim", 1, maximum=MAX_WIDTH),
                    shared_experts=as_int(data.get("shared_experts", 0), f"{field}.shared_experts", 0),
                    dense_layers_first=as_int(data.get("dense_layers_first", 0), f"{field}.dense_layers_first", 0),
                    router=as_choice(data.get("router", "softmax"), f"{field}.router", ROUTERS),
@@ -108,5 +113,6 @@ class MLASpec:
         for key in cls.__dataclass_fields__:
             if key not in data:
                 raise InputError(f"{field}.{key}", "is required")
-        return cls(q_lora_rank=as_int(data["q_lora_rank"], f"{field}.q_lora_rank", 0),
-                   **{k: as_int(data[k], f"{field}.{k}", 1) for k in cls.__dataclass_fields__ if k != "q_lora_rank"})
+        return cls(q_lora_rank=as_int(data["q_lora_rank"], f"{field}.q_lora_rank", 0, maximum=MAX_WIDTH),
+                   **{k: as_int(data[k], f"{field}.{k}", 1, maximum=MAX_WIDTH) for k in cls.__dataclass_fields__
+                      if k != "q_lora_rank"})

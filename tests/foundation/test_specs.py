@@ -71,6 +71,21 @@ def test_unknown_model_lists_valid_names():
         resolve_model("llama9000b")
 
 
+def test_a_width_beyond_any_model_is_refused_by_name_before_the_cost_model_overflows():
+    """The fuzzer's model file with dim 1.34e154 (an integral float) reached the matmul roofline and overflowed
+    converting m x k to a float; every width is bounded at MAX_WIDTH, and the widest allowed model is still
+    estimated in finite time."""
+    from meshplan.specs.moe import MAX_WIDTH
+
+    base = {"name": "m", "dim": 64, "n_layers": 2, "n_heads": 4, "ffn_dim": 8, "vocab_size": 10}
+    for key in ("dim", "n_heads", "ffn_dim", "vocab_size"):
+        with pytest.raises(InputError, match=rf"model\.{key}.*<= {MAX_WIDTH}"):
+            resolve_model({**base, key: 1.3407807929942597e+154})
+    with pytest.raises(InputError, match="expert_ffn_dim"):
+        resolve_model({**base, "moe": {"experts": 8, "top_k": 2, "expert_ffn_dim": MAX_WIDTH + 1}})
+    assert resolve_model({**base, "dim": MAX_WIDTH, "n_heads": 1}).dim == MAX_WIDTH
+
+
 @pytest.mark.timeout(60)
 def test_the_deepest_and_widest_allowed_models_are_read_and_counted_at_once():
     """At the bounds a model is still read and counted quickly: parameters grow by one block per block (10,000
