@@ -16,6 +16,7 @@ sample; it moves them only through compile_speedup's share of their float8 casts
     python benchmarks/nested_dense_form.py fsdp_copies 2 > benchmarks/results/validate_nested-fsdp_copies.txt
     python benchmarks/nested_dense_form.py checkpoint_replay 2 > benchmarks/results/validate_nested-checkpoint_replay.txt
     python benchmarks/nested_dense_form.py compiled_loss 2 > benchmarks/results/validate_nested-compiled_loss.txt
+    python benchmarks/nested_dense_form.py attention_rate > benchmarks/results/validate_nested-attention_rate-dense.txt
 
 The second argument runs the outer folds in that many processes (the same folds, the same result).
 """
@@ -28,7 +29,7 @@ from meshplan.cost_models import forms
 from meshplan.cost_models.crossval import fold_of, is_moe_source, step_time_rows
 from meshplan.cost_models.nested import nested_cross_validate, nested_text
 
-DENSE_FORMS = ("compiled_elementwise", "fsdp_copies", "checkpoint_replay", "compiled_loss")
+DENSE_FORMS = ("compiled_elementwise", "fsdp_copies", "checkpoint_replay", "compiled_loss", "attention_rate")
 
 
 def is_dense_source(table: str) -> bool:

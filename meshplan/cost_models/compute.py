@@ -9,6 +9,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.cost_models import forms
 from meshplan.cost_models.flops import causal_window_keys
 from meshplan.cost_models.layout import DTYPE_BYTES
 from meshplan.profiles.schema import ClusterProfile, Device
@@ -121,7 +122,7 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
         forward = _measured_rate(att.points, dtype, "tflops", kernel, seq_len, win, head_dim, exp)
         rate = None if forward is None else att.backward_ratio * forward
     if rate is not None:
-        return device.sustained_fraction * rate
+        return rate if forms.FORMS.attention_rate == "measured" else device.sustained_fraction * rate
     if dtype in ATTENTION_DTYPES:  # nothing measured of it for this query: the recipe's compute dtype
         return attention_tflops(device, seq_len, "bf16", head_dim, backward, window, kernel)
     length = _causal_length(seq_len, win)

@@ -171,3 +171,23 @@ def test_mxfp8_attention_takes_its_own_points_and_its_window_backward_grows_with
         p for p in gb.attention.points if p["dtype"] != "mxfp8" or "window" in p]))
     assert attention_tflops(windows_only, 4096, "mxfp8", 128, backward=True) == attention_tflops(
         windows_only, 4096, "bf16", 128, backward=True)
+
+
+def test_measured_attention_form_takes_the_points_at_face_value():
+    """forms.py attention_rate (not shipped): "measured" prices cuDNN's GB200 benchmark rows as printed, the
+    shipped "derated" at the sustained fraction; a part without points is derated either way."""
+    from meshplan.cost_models import forms
+    gb200 = load_profile("gb200-186g-nvl72").device
+    row = next(r for r in _cudnn_rows("GB200") if r["id"] == "cudnn-gb200-llama3.1-4096")
+    printed_fwd, printed_bwd = float(row["fwd_tflops"]), float(row["bwd_tflops"])  # 1408 / 1148
+    with forms.forms(attention_rate="measured"):
+        # the profile's point (1406.0 / 1147.2) is the benchmark's row within its rounding
+        assert attention_tflops(gb200, 4096, "bf16") == pytest.approx(printed_fwd, rel=0.002)
+        assert attention_tflops(gb200, 4096, "bf16", backward=True) == pytest.approx(printed_bwd, rel=0.002)
+    assert attention_tflops(gb200, 4096, "bf16") == pytest.approx(gb200.sustained_fraction * printed_fwd, rel=0.002)
+    a100 = load_profile("a100-80g-dgx").device
+    assert not a100.attention.points
+    with forms.forms(attention_rate="measured"):
+        measured = attention_tflops(a100, 4096, "bf16")
+    assert measured == pytest.approx(attention_tflops(a100, 4096, "bf16"))
+    assert measured < a100.sustained_fraction * a100.peak_tflops["bf16"]
