@@ -225,7 +225,8 @@ def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     key = ("block", lay.spec, lay.seq_len, lay.micro_batch, lay.cp, lay.tp, lay.sp, lay.async_tp, lay.float8,
            lay.compile, lay.ac, lay.sac_ops, lay.dtype, lay.attention_kernel, lay.attention_dtype,
            lay.elementwise_kernels, lay.norm_fp32, lay.host_ahead, lay.host_counted, lay.kv_repeated,
-           lay.cp_attention, lay.cp_ring_overlap, lay.tp_comm_overlap, lay.rope_complex, spans["tp"], spans["cp"])
+           lay.cp_attention, lay.cp_ring_overlap, lay.tp_comm_overlap, lay.rope_complex, spans["tp"], spans["cp"],
+           lay.n_micro if lay.float8 and lay.float8_weight_cache else None)
     # Expert parallelism changes MoE blocks only: a dense model's key stays as it was.
     if not lay.spec.is_moe:
         return key

@@ -91,6 +91,10 @@ class Layout:
     # dense block's last matmul is not run again (activations.replay_stops_early), or runs the whole forward again
     # (Megatron's CheckpointFunction).
     checkpoint_early_stop: bool = True
+    # Whether a float8 plan's weights are cast once a step, their float8 copies kept across its micro-batches
+    # (Transformer Engine's weight cache, which Megatron-Core refreshes at each step's first micro-batch), or at
+    # every forward (torchao's Float8Linear, meshplan's runtime and TorchTitan). timing.float8_cast_elems.
+    float8_weight_cache: bool = False
     # Whether the pipeline schedule keeps every micro-batch's stage output until the step ends (the
     # logits on the last stage): torch.distributed.pipelining before `return_outputs` (TorchTitan
     # 2024). The runtime passes return_outputs=False.

@@ -47,6 +47,7 @@ class Stack:
     attention_kernel: str = "cudnn"  # Layout.attention_kernel
     pp_recv_up_front: bool = True  # Layout.pp_recv_up_front: a receive buffer per micro-batch, allocated up front
     rope_complex: bool = False  # Layout.rope_complex: RoPE as a complex multiply, which Inductor leaves eager
+    float8_weight_cache: bool = False  # Layout.float8_weight_cache: float8 weights cast once a step
     # Whether selective AC recomputes named modules (MegatronRecompute, the plan's memory.recompute_modules)
     # rather than saving op kinds (memory.sac_ops)
     recomputes_modules: bool = False
@@ -140,12 +141,17 @@ STACKS: dict[str, Stack] = {
          "random.py), the last matmul of each block included",
          "pipeline receive buffers allocated per transfer, not up front for every micro-batch: P2PCommunicator."
          "_communicate creates each receive tensor with torch.empty when it is posted "
-         "(pipeline_parallel/p2p_communication.py), and the tensor received is the stage's input"),
+         "(pipeline_parallel/p2p_communication.py), and the tensor received is the stage's input",
+         "float8 weights cast once a step: the schedules call set_is_first_microbatch at each step's first "
+         "micro-batch under an fp8 recipe (pipeline_parallel/schedules.py, transformer/module.py: 'TE modules will "
+         "update their fp8 parameter cache'), and Transformer Engine's linear and grouped linear layers quantize "
+         "their weights only when is_first_microbatch is set, reusing the cached copies after "
+         "(extensions/transformer_engine.py forward(..., is_first_microbatch); Megatron-LM d98e8a6)"),
         elementwise_kernels="megatron", dp_overlap="buckets", fsdp_copies=False, checkpoint_early_stop=False,
         fsdp_one_rank=False,
         host_counted=False,
         optimizer_foreach=False, moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True,
-        attention_kernel="cudnn", pp_recv_up_front=False, recomputes_modules=True),
+        attention_kernel="cudnn", pp_recv_up_front=False, recomputes_modules=True, float8_weight_cache=True),
 }
 
 

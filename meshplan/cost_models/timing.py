@@ -216,11 +216,27 @@ def block_compute(lay: Layout, prof: ClusterProfile, layer: int | None = None) -
     elem_fwd, elem_bwd = elementwise_times(lay, prof, layer)
     cast = 0.0
     if lay.float8:
-        cast_elems = sum(T * (mm.k + mm.n) + mm.k * mm.n for mm in block_matmuls(spec, layer, lay.tp))
-        cast = memory_bound_time(dev, cast_elems * K.float8_cast_passes)
+        cast = memory_bound_time(dev, float8_cast_elems(lay, layer) * K.float8_cast_passes)
         if lay.compile:
             cast /= prof.overheads.compile_speedup
     return BlockCompute(fwd_by_kind, att_fwd, att_bwd, elem_fwd, elem_bwd, cast)
+
+
+def float8_cast_elems(lay: Layout, layer: int) -> float:
+    """Elements block `layer`'s float8 casts read for one micro-batch: each matmul's input and output
+    gradient, a token's (a routed pair's, for a routed expert) at a time, and the weights the rank holds (the
+    block's own and its local experts', not the experts a token is routed to), once a forward, or a share of
+    one cast a step where the stack keeps float8 weights across micro-batches (Layout.float8_weight_cache)."""
+    spec, T = lay.spec, lay.tokens_per_micro
+    routed = block_matmuls(spec, layer, lay.tp)
+    own = block_matmuls(spec, layer, lay.tp, routed=False)
+    weights = sum(mm.k * mm.n for mm in own)
+    if spec.is_moe_layer(layer):
+        one_expert = (sum(mm.k * mm.n for mm in routed) - weights) / spec.moe.top_k
+        weights += _routing(lay).local_experts * one_expert
+    if lay.float8_weight_cache:
+        weights /= lay.n_micro
+    return sum(T * (mm.k + mm.n) for mm in routed) + weights
 
 
 def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile, layer: int) -> None:
