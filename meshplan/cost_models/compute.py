@@ -36,8 +36,11 @@ def matmul_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> f
 def grouped_matmul_time(device: Device, groups: int, m: float, n: float, k: float, dtype: str) -> float:
     """Seconds per group of `groups` (m x k) @ (k x n) products run as one grouped GEMM (an MoE layer's
     routed experts, m tokens each): at the profile's measured grouped rate where it has grouped points in
-    this dtype, interpolated over (groups, m, n, k); else each product as a matmul of its own shape."""
-    points = [p for p in device.matmul.grouped_points if p.get("dtype") == compute_dtype(dtype, device)]
+    this dtype, interpolated over (groups, m, n, k); else each product as a matmul of its own shape. Points
+    tagged `transferred` (another part's shape curve, forms.py grouped_rate) count only under that form."""
+    transferred = forms.FORMS.grouped_rate == "transferred"
+    points = [p for p in device.matmul.grouped_points if p.get("dtype") == compute_dtype(dtype, device)
+              and (transferred or not p.get("transferred"))]
     if not points or m <= 0:
         return matmul_time(device, m, n, k, dtype)
     shapes = tuple((p["groups"], p["m"], p["n"], p["k"], p["tflops"]) for p in points)

@@ -139,3 +139,31 @@ def test_an_axis_every_point_shares_does_not_move_the_interpolation():
     assert _interpolate_points(points, 128, 1024, 1024, 1024) == pytest.approx(250.0)
     assert _interpolate_points(points, 128, 2048, 1024, 1024) == pytest.approx(370.0)
     assert _interpolate_points(points, 8, 2048, 1024, 1024) == pytest.approx(370.0)
+
+
+@pytest.mark.parametrize("name,bf16_mamf,fp8_mamf", [("gb200-186g-nvl72", 0.729 * 2500, 0.723 * 5000),
+                                                     ("b200-180g-dgx", 0.776 * 2250, 0.763 * 4500)])
+def test_blackwell_grouped_gemms_follow_the_h200s_shape_curve_only_under_their_form(name, bf16_mamf, fp8_mamf):
+    """forms.py grouped_rate: "transferred" prices a Blackwell grouped GEMM at the lent H200's measured rate for
+    the shape (539 TFLOP/s at 4096 tokens of 2048 x 768, 765 of 2048 x 7168; benchmarks/results/
+    grouped_gemm-NVIDIA_H200-9816110.md) over the H200's bf16 MAMF (0.803 x 989), times the part's MAMF
+    in the GEMM's dtype; "matmul" ignores those points, and the H200's own points count under both."""
+    from meshplan.cost_models import forms
+    dev = load_profile(name).device
+    h200_mamf = 0.803 * 989
+    for (m, n, k), h200_rate in (((4096, 2048, 768), 539.0), ((4096, 2048, 7168), 765.0)):
+        for dtype, mamf in (("bf16", bf16_mamf), ("fp8", fp8_mamf)):
+            with forms.forms(grouped_rate="transferred"):
+                t = grouped_matmul_time(dev, 8, m, n, k, dtype)
+            rate = 2 * m * n * k / t / 1e12
+            assert rate == pytest.approx(dev.sustained_fraction * h200_rate / h200_mamf * mamf, rel=2e-3)
+            with forms.forms(grouped_rate="matmul"):
+                assert grouped_matmul_time(dev, 8, m, n, k, dtype) == matmul_time(dev, m, n, k, dtype)
+    # A narrow expert runs far below a wide one under the curve, level with it as matmuls.
+    with forms.forms(grouped_rate="transferred"):
+        narrow, wide = (2 * 4096 * 2048 * k / grouped_matmul_time(dev, 8, 4096, 2048, k, "bf16") for k in (768, 7168))
+    assert narrow / wide == pytest.approx(539 / 765, rel=2e-3)
+    h200 = load_profile("h200-141g-dgx").device
+    with forms.forms(grouped_rate="matmul"):
+        assert grouped_matmul_time(h200, 8, 4096, 2048, 768, "bf16") == pytest.approx(
+            2 * 4096 * 2048 * 768 / (h200.sustained_fraction * 539e12))
