@@ -120,12 +120,16 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
     win = window if window is not None and window < seq_len else None
     key = "bwd_tflops" if backward else "tflops"
     rate = _measured_rate(att.points, dtype, key, kernel, seq_len, win, head_dim, exp)
+    pts = _kernel_points(att.points, dtype, key, kernel)
     if rate is None and backward:
         # no measured backward: the forward's points at backward_ratio, a narrow head priced as a backward
         forward = _measured_rate(att.points, dtype, "tflops", kernel, seq_len, win, head_dim, exp)
         rate = None if forward is None else att.backward_ratio * forward
+        pts = _kernel_points(att.points, dtype, "tflops", kernel)
     if rate is not None:
-        return rate if forms.FORMS.attention_rate == "measured" else device.sustained_fraction * rate
+        # forms.py attention_rate: points a step ran at (tagged in_step) as they are, or every point derated
+        in_step = forms.FORMS.attention_rate == "in_step" and all(p.get("in_step") for p in pts)
+        return rate if in_step else device.sustained_fraction * rate
     if dtype in ATTENTION_DTYPES:  # nothing measured of it for this query: the recipe's compute dtype
         return attention_tflops(device, seq_len, "bf16", head_dim, backward, window, kernel)
     length = _causal_length(seq_len, win)
@@ -135,18 +139,24 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
 
 def _measured_rate(points: list[dict], dtype: str, key: str, kernel: str | None, seq_len: float,
                    window: float | None, head_dim: float, exp: _ExpBound) -> float | None:
-    """The best-case rate from the profile's points of this dtype and kernel carrying `key`, or None."""
-    # Points without a dtype are the compute dtype's; an attention-only dtype needs its own.
-    untyped = None if dtype in ATTENTION_DTYPES else dtype
-    pts = [p for p in points if p.get("dtype", untyped) == dtype and key in p]
-    tagged = [p for p in pts if kernel is not None and p.get("kernel") == kernel]
-    pts = tagged or [p for p in pts if "kernel" not in p]
+    """The rate from the profile's points of this dtype and kernel carrying `key`, or None."""
+    pts = _kernel_points(points, dtype, key, kernel)
     full = [p for p in pts if "window" not in p]
     windowed = [p for p in pts if "window" in p]
     if window is not None and windowed:
         return _windowed_rate(windowed, full, key, seq_len, window, head_dim, exp)
     length = _causal_length(seq_len, window)
     return _by_head(full, "seq_len", key, length, head_dim, exp) if full else None
+
+
+def _kernel_points(points: list[dict], dtype: str, key: str, kernel: str | None) -> list[dict]:
+    """The profile's points of this dtype carrying `key`: those tagged with `kernel` where it has them, else
+    the untagged ones (the kernel PyTorch's SDPA runs on the part)."""
+    # Points without a dtype are the compute dtype's; an attention-only dtype needs its own.
+    untyped = None if dtype in ATTENTION_DTYPES else dtype
+    pts = [p for p in points if p.get("dtype", untyped) == dtype and key in p]
+    tagged = [p for p in pts if kernel is not None and p.get("kernel") == kernel]
+    return tagged or [p for p in pts if "kernel" not in p]
 
 
 def _causal_length(seq_len: float, window: float | None) -> float:
