@@ -119,13 +119,13 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
     exp = _ExpBound(_flops_per_exp(device, dtype), backward)
     win = window if window is not None and window < seq_len else None
     key = "bwd_tflops" if backward else "tflops"
-    rate = _measured_rate(att.points, dtype, key, kernel, seq_len, win, head_dim, exp)
     pts = _kernel_points(att.points, dtype, key, kernel)
+    rate = _measured_rate(pts, key, seq_len, win, head_dim, exp)
     if rate is None and backward:
         # no measured backward: the forward's points at backward_ratio, a narrow head priced as a backward
-        forward = _measured_rate(att.points, dtype, "tflops", kernel, seq_len, win, head_dim, exp)
-        rate = None if forward is None else att.backward_ratio * forward
         pts = _kernel_points(att.points, dtype, "tflops", kernel)
+        forward = _measured_rate(pts, "tflops", seq_len, win, head_dim, exp)
+        rate = None if forward is None else att.backward_ratio * forward
     if rate is not None:
         # forms.py attention_rate: points a step ran at (tagged in_step) as they are, or every point derated
         in_step = forms.FORMS.attention_rate == "in_step" and all(p.get("in_step") for p in pts)
@@ -137,10 +137,9 @@ def attention_tflops(device: Device, seq_len: float, dtype: str, head_dim: float
     return att.backward_ratio * forward if backward else forward
 
 
-def _measured_rate(points: list[dict], dtype: str, key: str, kernel: str | None, seq_len: float,
-                   window: float | None, head_dim: float, exp: _ExpBound) -> float | None:
-    """The rate from the profile's points of this dtype and kernel carrying `key`, or None."""
-    pts = _kernel_points(points, dtype, key, kernel)
+def _measured_rate(pts: list[dict], key: str, seq_len: float, window: float | None, head_dim: float,
+                   exp: _ExpBound) -> float | None:
+    """The rate from one kernel's points of one dtype carrying `key` (_kernel_points), or None."""
     full = [p for p in pts if "window" not in p]
     windowed = [p for p in pts if "window" in p]
     if window is not None and windowed:

@@ -69,11 +69,15 @@ def mla_up_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
             Matmul("qkv", a.kv_lora_rank, h * (a.qk_nope_head_dim + a.v_head_dim) // tp)]
 
 
+def expert_matmuls(spec: ModelSpec, tp: int = 1, experts: int = 1) -> list[Matmul]:
+    """`experts` SwiGLU experts of the expert width: their gate and up projections, then their down ones."""
+    d, f = spec.dim, spec.moe.expert_ffn_dim
+    return [Matmul("expert_in", d, f // tp)] * (2 * experts) + [Matmul("expert_out", f // tp, d)] * experts
+
+
 def shared_expert_matmuls(spec: ModelSpec, tp: int = 1) -> list[Matmul]:
     """An MoE layer's shared experts, each a SwiGLU of the expert width."""
-    moe, d = spec.moe, spec.dim
-    f = moe.expert_ffn_dim
-    return [Matmul("expert_in", d, f // tp)] * (2 * moe.shared_experts) + [Matmul("expert_out", f // tp, d)] * moe.shared_experts
+    return expert_matmuls(spec, tp, spec.moe.shared_experts)
 
 
 def mlp_matmuls(spec: ModelSpec, layer: int, tp: int = 1, routed: bool = True) -> list[Matmul]:
@@ -85,10 +89,8 @@ def mlp_matmuls(spec: ModelSpec, layer: int, tp: int = 1, routed: bool = True) -
         ffn_in = [Matmul("ffn_in", d, f // tp)] * (2 if spec.arch == "llama" else 1)
         return ffn_in + [Matmul("ffn_out", f // tp, d)]
     moe = spec.moe
-    routed_k = moe.top_k if routed else 0
-    f = moe.expert_ffn_dim
-    return ([Matmul("router", d, moe.experts)] + [Matmul("expert_in", d, f // tp)] * (2 * routed_k)
-            + [Matmul("expert_out", f // tp, d)] * routed_k + shared_expert_matmuls(spec, tp))
+    return ([Matmul("router", d, moe.experts)] + expert_matmuls(spec, tp, moe.top_k if routed else 0)
+            + shared_expert_matmuls(spec, tp))
 
 
 def logits_matmul(spec: ModelSpec, tp: int = 1) -> Matmul:

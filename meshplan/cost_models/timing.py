@@ -10,7 +10,8 @@ from meshplan.cost_models.activations import (attention_core_only, megatron_reco
                                               megatron_recomputed_norms, recomputed_kinds, replay_stops_early)
 from meshplan.cost_models.comm import GroupSpan, collective_time, runs_nccl
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
-from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, logits_matmul, sac_kind
+from meshplan.cost_models.flops import (attention_flops_per_token, block_matmuls, expert_matmuls, logits_matmul,
+                                       sac_kind)
 from meshplan.cost_models.host import block_host, embedding_host, head_host, host_added, host_beyond
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, megatron_act_recompute_elems,
@@ -228,15 +229,13 @@ def float8_cast_elems(lay: Layout, layer: int) -> float:
     block's own and its local experts', not the experts a token is routed to), once a forward, or a share of
     one cast a step where the stack keeps float8 weights across micro-batches (Layout.float8_weight_cache)."""
     spec, T = lay.spec, lay.tokens_per_micro
-    routed = block_matmuls(spec, layer, lay.tp)
-    own = block_matmuls(spec, layer, lay.tp, routed=False)
-    weights = sum(mm.k * mm.n for mm in own)
+    held = block_matmuls(spec, layer, lay.tp, routed=False)
     if spec.is_moe_layer(layer):
-        one_expert = (sum(mm.k * mm.n for mm in routed) - weights) / spec.moe.top_k
-        weights += _routing(lay).local_experts * one_expert
+        held = held + expert_matmuls(spec, lay.tp, _routing(lay).local_experts)
+    weights = sum(mm.k * mm.n for mm in held)
     if lay.float8_weight_cache:
         weights /= lay.n_micro
-    return sum(T * (mm.k + mm.n) for mm in routed) + weights
+    return sum(T * (mm.k + mm.n) for mm in block_matmuls(spec, layer, lay.tp)) + weights
 
 
 def _add_host(bt: BlockTime, lay: Layout, prof: ClusterProfile, layer: int) -> None:
