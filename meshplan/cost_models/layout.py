@@ -106,6 +106,11 @@ class Layout:
     # runtime on gloo) | ring (PyTorch's context_parallel: a ring step per rank, each merged in fp32;
     # meshplan's runtime on NCCL, and TorchTitan). runtime_paths() sets it from the cluster's backend.
     cp_attention: str = "gather"
+    # How an eager Llama block's RMSNorm runs (timing._pytorch_elementwise_bytes): composite (fp32 ops,
+    # constants.MODEL.norm_passes: TorchTitan's RMSNorm module, meshplan's runtime) | fused (one kernel
+    # each way: TorchTitan's Triton fused_rmsnorm of 2024, norm_type "fused_rmsnorm"). A published row's
+    # override; plans do not choose it.
+    norm_kernel: str = "composite"
     # Whether RMSNorm saves fp32 copies for its backward (no fused kernel on the backend, sub-fp32 dtype):
     # runtime_paths() sets it from the cluster's backend (specs/rules.py rms_norm_kernel).
     norm_fp32: bool = False

@@ -25,6 +25,12 @@ is assumed once here, and printed by `meshplan validate`:
   parallelism was PyTorch's ring attention, which gathered and merged them at that width
   (kv_repeated, cp_attention="ring"). Its torch.compile covered the blocks, not the loss (compiles_loss
   False: its train.py of late 2024 left `torch.compile(loss_fn)` commented out, "causes CUDA errors").
+- TorchTitan's performance page of August 2024 (torchtitan_performance_doc_2024.csv): the December
+  tables' conventions, on the same 500 W H100 (its 405B in 2D) and on the DGX A100 (Llama 3 and Llama 2
+  in FSDP alone, 64 GPUs, whose network the page does not name), eager but where the run compiled,
+  TorchTitan's Triton fused RMSNorm where the run's config names it (Layout.norm_kernel), FSDP's float8
+  all-gather not priced; rows whose AC (every n-th layer) or compile flag is not expressible or not
+  printed are skipped.
 - Megatron-Bridge MoE runs on B200 and GB200 (moe_training_blackwell.csv; Megatron-Core with
   Transformer Engine), priced on the megatron-core stack (stacks.py): routing force-balanced (the page's footnote), so priced at imbalance 1;
   token-drop rows are skipped (their capacity factor is not printed). Megatron's DDP with the
@@ -79,7 +85,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from meshplan.cost_models.constants import (IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, MEGATRON_LM_GB200, MOE_MODEL_ZOO,
-                                            OLMO_CORE, RUNTIME_RUNS,
+                                            OLMO_CORE, RUNTIME_RUNS, TORCHTITAN_DOC_2024,
                                             moe_table)
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.model import ModelSpec
@@ -218,6 +224,49 @@ def torchtitan_rows() -> list[PublishedRow]:
             overrides["pp_keeps_outputs"] = True
         rows.append(PublishedRow(f"TorchTitan H100 ({r['table']})", label, plan, "tokens_per_s_per_gpu", tps,
                                  float(r["Memory(GiB)"]), layout_overrides=overrides))
+    return rows
+
+
+# TorchTitan's performance page of 2024 (torchtitan_performance_doc_2024.csv): its A100 tables as
+# llama3-/llama2- models, the 405B table on the same 500 W Grand Teton H100 as the December tables.
+TORCHTITAN_2024_PROFILES = {"H100": "h100-96g-gt", "A100": "a100-80g-dgx"}
+# The page's AC column: "selective op" is TorchTitan's op policy (the stack's selective default); its
+# "selective layer" rows (every n-th block checkpointed whole) are skipped in the CSV.
+TORCHTITAN_2024_AC = {"no": "none", "selective op": "selective", "selective layer": "selective", "full": "full"}
+
+
+def torchtitan_doc_2024_rows() -> list[PublishedRow]:
+    """TorchTitan's performance page as of 2024-08 (docs/performance.md at 0809984f5): Llama 3.1 405B on 128
+    H100 with FSDP 16 and TP 8 (Table 1), Llama 3 (Table 2) and Llama 2 (Table 3) on 64 A100 with FSDP alone.
+    The December tables' conventions (torchtitan_rows) but for what the page's configs set otherwise:
+    eager but where the CSV's compile column says the run compiled (Table 1's Float8 and Async TP rows: both
+    need it, and the 405B config compiles); TorchTitan's Triton fused RMSNorm where the run's config names
+    it (Layout.norm_kernel); FSDP's float8 all-gather, which the 405B config switches on, not priced (its
+    gathers as bf16, as in the December tables)."""
+    rows = []
+    for r in read_published_csv("torchtitan_performance_doc_2024.csv"):
+        name, size = r["model"].split()[1], r["model"].split()[-1].lower()
+        spec = resolve_model(f"llama{name[0]}-{size}")
+        deg = _degrees(r["parallelism"])
+        fsdp, tp = deg.get("fsdp", 1), deg.get("tp", 1)
+        gpus, seq, local = int(r["GPUs"]), int(r["sequence length"]), int(r["local batch size"])
+        tech = r["techniques"]
+        cluster = TORCHTITAN_2024_PROFILES["H100" if "H100" in r["hardware"] else "A100"]
+        plan = Plan(
+            model=spec, cluster=cluster, gpus=gpus,
+            training=TrainingSpec(seq_len=seq, global_batch=local * fsdp, micro_batch=local, dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=1, dp_shard=fsdp, tp=tp, sequence_parallel=tp > 1,
+                                  async_tp="Async TP" in tech, pp=1, pp_schedule="1F1B", pp_virtual_stages=1, cp=1),
+            memory=MemorySpec(activation_checkpointing=TORCHTITAN_2024_AC[r["activation checkpointing"]], sac_ops=None,
+                              float8="Float8" in tech, reshard_after_forward=True),
+            compile=r["compile"].startswith("true"), stack=TORCHTITAN,
+        )
+        label = (f"{r['table']}: {r['model']} | {tech.split('Optimizations: ')[-1]} | AC {r['activation checkpointing']}"
+                 f" | {gpus} GPUs {r['parallelism']} seq {seq}")
+        overrides: dict = {"kv_repeated": True, "compiles_loss": False,
+                           "norm_kernel": "fused" if r["norm_type"] == "fused_rmsnorm" else "composite"}
+        rows.append(PublishedRow(f"{TORCHTITAN_DOC_2024} ({r['table']})", label, plan, "tokens_per_s_per_gpu",
+                                 float(r["TPS/GPU"]), skipped=r["skipped"] or None, layout_overrides=overrides))
     return rows
 
 
@@ -606,5 +655,6 @@ def runtime_memory_rows() -> list[PublishedRow]:
 def all_training_rows() -> list[PublishedRow]:
     """Every published training row, skipped ones included (validate lists them with the reason), and the
     runtime's own memory rows."""
-    return (megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + moe_blackwell_rows() + llmfoundry_rows()
+    return (megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + torchtitan_doc_2024_rows()
+            + moe_blackwell_rows() + llmfoundry_rows()
             + ibm_fms_rows() + olmo_core_rows() + runtime_memory_rows())

@@ -413,18 +413,25 @@ def _aten_gpt_elementwise_bytes(lay: Layout) -> tuple[float, float]:
     return _kernel_pass_bytes(lay, ATEN_GPT_PASSES, elems)
 
 
+# A fused RMSNorm kernel's forward (Layout.norm_kernel "fused"): it reads x and writes y, 2 passes per
+# element (the per-token rstd it keeps is negligible); its backward, read x and the gradient, write the
+# input gradient and the weight gradient's partial sums, is the twice-forward every eager pass is given.
+FUSED_NORM_PASSES = 2.0
+
+
 def _pytorch_elementwise_bytes(lay: Layout, layer: int) -> float:
     """Bytes one Llama-style block's forward elementwise kernels move, as eager PyTorch runs them.
 
     Per element, in units of the activation size: two RMSNorms computed in fp32 (cast, square, mean,
-    scale, cast back: ~20 passes each), two residual adds (3), RoPE on q and k via fp32 complex
-    multiply (~15), the SwiGLU activation (5) and attention layout copies (8). Backward moves about
-    twice this. torch.compile fuses it (forms.py compiled_elementwise: _fused_llama_elementwise_bytes). GPT blocks:
+    scale, cast back: ~20 passes each; 2 as one fused kernel, Layout.norm_kernel), two residual adds (3),
+    RoPE on q and k via fp32 complex multiply (~15), the SwiGLU activation (5) and attention layout copies
+    (8). Backward moves about twice this. torch.compile fuses it (forms.py compiled_elementwise: _fused_llama_elementwise_bytes). GPT blocks:
     _aten_gpt_elementwise_bytes.
     """
     spec, K = lay.spec, constants.MODEL
     sp_div = lay.tp if lay.sp else 1
-    per_token = (2 * K.norm_passes + 2 * K.residual_passes) * spec.dim / sp_div
+    norm = K.norm_passes if lay.norm_kernel == "composite" else FUSED_NORM_PASSES
+    per_token = (2 * norm + 2 * K.residual_passes) * spec.dim / sp_div
     rope = K.rope_passes * (spec.q_dim + spec.kv_dim) if spec.arch == "llama" else 0
     per_token += (rope + K.layout_passes * (spec.q_dim + spec.kv_dim + spec.v_dim)
                   + K.activation_passes * _activation_width(spec, layer)) / lay.tp
