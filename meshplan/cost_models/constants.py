@@ -22,7 +22,7 @@ KORTHIKANTI = "Korthikanti 2022 Table 4 (22B layer)"
 TORCHTITAN = tuple(f"TorchTitan H100 (Table {i})" for i in range(1, 7))
 # TorchTitan's performance page as it stood in 2024-08 (its 405B on H100, Llama 3 and Llama 2 on A100): an
 # earlier page, and other runs, of the same project as TORCHTITAN's December 2024 tables.
-TORCHTITAN_DOC_2024 = "TorchTitan performance page 2024"
+TORCHTITAN_DOC_2024 = "TorchTitan page 2024-08"
 TORCHTITAN_DOC_2024_H100 = f"{TORCHTITAN_DOC_2024} (Table 1)"
 LLMFOUNDRY = "MosaicML llm-foundry MPT (A100, H100)"
 IBM_FMS = "IBM fms-fsdp Llama 2 (A100, H100)"

@@ -87,3 +87,22 @@ def test_async_tps_share_is_fitted_on_two_pages():
     sources as crossval counts them (a leave-one-source-out fold leaves either)."""
     tables = constants.profile_constant("overheads.tp_async_overlap").fitted_on["h100-96g-gt"]
     assert {source_of(t) for t in tables} == {"TorchTitan H100", TORCHTITAN_DOC_2024}
+
+
+def test_the_memory_model_puts_the_pages_out_of_memory_run_over_the_a100():
+    """The page's first version (528cab939, 2024-04-16) printed OOM for Llama 2 70B at local batch 2 with
+    selective op AC on the 80 GB A100s, and ran it at batch 1 and, with full AC, at batch 2 (its footnote).
+    The estimate agrees on all three: over the part's usable memory at batch 2, under it otherwise."""
+    from meshplan.cost_models.estimate import estimate_plan
+    from meshplan.profiles.registry import load_profile
+
+    prof = load_profile("a100-80g-dgx")
+    rows = {r.plan.memory.activation_checkpointing: r for r in torchtitan_doc_2024_rows() if "Llama 2 70B" in r.label}
+
+    def fits(row, micro_batch: int) -> bool:
+        plan = row.plan.copy()
+        plan.training = replace(plan.training, micro_batch=micro_batch, global_batch=micro_batch * 64)
+        return estimate_plan(plan, prof, **row.layout_overrides).fits
+
+    assert fits(rows["selective"], 1) and fits(rows["full"], 2)
+    assert not fits(rows["selective"], 2)
