@@ -425,8 +425,8 @@ def _pytorch_elementwise_bytes(lay: Layout, layer: int) -> float:
     Per element, in units of the activation size: two RMSNorms computed in fp32 (cast, square, mean,
     scale, cast back: ~20 passes each; 2 as one fused kernel, Layout.norm_kernel), two residual adds (3),
     RoPE on q and k via fp32 complex multiply (~15), the SwiGLU activation (5) and attention layout copies
-    (8). Backward moves about twice this. torch.compile fuses it (forms.py compiled_elementwise: _fused_llama_elementwise_bytes). GPT blocks:
-    _aten_gpt_elementwise_bytes.
+    (8). Backward moves about twice this. torch.compile fuses it (forms.py compiled_elementwise:
+    _fused_llama_elementwise_bytes). GPT blocks: _aten_gpt_elementwise_bytes.
     """
     spec, K = lay.spec, constants.MODEL
     sp_div = lay.tp if lay.sp else 1
