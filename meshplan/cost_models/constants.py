@@ -9,6 +9,7 @@ lists both and measures how far validation moves when each is put at its physica
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Iterator
@@ -39,6 +40,12 @@ MOE_MODEL_ZOO = "Megatron-MoE-ModelZoo"
 MEGATRON_LM_GB200 = "Megatron-LM GB200 notes"
 MOE_SOURCES = (MEGATRON_BRIDGE_MOE, MOE_MODEL_ZOO, MEGATRON_LM_GB200)
 MOE_TABLE_SEPARATOR = ": "
+
+
+def table_publication(table: str) -> str:
+    """The publication a dense table belongs to: its name without a " (Table N)" suffix (TorchTitan's
+    December tables are one, its 2024 page another); other names are their own."""
+    return re.sub(r" \(Table \d+\)$", "", table)
 
 
 def moe_table(source: str, model: str) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import statistics
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -167,7 +166,7 @@ def source_of(table: str) -> str:
     moe = moe_source_and_model(table)
     if moe:
         return moe[0]
-    return re.sub(r" \(Table \d+\)$", "", table)
+    return constants.table_publication(table)
 
 
 def _sources_text(tables: tuple[str, ...]) -> str:

@@ -192,6 +192,11 @@ def torchtitan_split(n_layers: int, n_stages: int) -> list[int]:
     return layers + [n_layers - sum(layers)]
 
 
+# What TorchTitan's model and train.py of 2024 did that a plan does not say (the module docstring): K/V
+# expanded to every query head (repeat_kv), PyTorch's ring attention under CP, the loss left uncompiled.
+TORCHTITAN_2024_OVERRIDES = {"kv_repeated": True, "cp_attention": "ring", "compiles_loss": False}
+
+
 def torchtitan_rows() -> list[PublishedRow]:
     rows = []
     for r in read_published_csv("torchtitan_llama31_h100_2024-12.csv"):
@@ -219,7 +224,7 @@ def torchtitan_rows() -> list[PublishedRow]:
         )
         label = f"{r['table']}: {r['model']} {gpus} GPUs {r['parallelism']} seq {seq} | {tech}"
         tps = float(r["TPS/GPU"].replace(",", ""))
-        overrides: dict = {"kv_repeated": True, "cp_attention": "ring", "compiles_loss": False}
+        overrides: dict = dict(TORCHTITAN_2024_OVERRIDES)
         if pp > 1:
             overrides["pp_keeps_outputs"] = True
         rows.append(PublishedRow(f"TorchTitan H100 ({r['table']})", label, plan, "tokens_per_s_per_gpu", tps,
@@ -263,8 +268,8 @@ def torchtitan_doc_2024_rows() -> list[PublishedRow]:
         )
         label = (f"{r['table']}: {r['model']} | {tech.split('Optimizations: ')[-1]} | AC {r['activation checkpointing']}"
                  f" | {gpus} GPUs {r['parallelism']} seq {seq}")
-        overrides: dict = {"kv_repeated": True, "compiles_loss": False,
-                           "norm_kernel": "fused" if r["norm_type"] == "fused_rmsnorm" else "composite"}
+        overrides = {**TORCHTITAN_2024_OVERRIDES,
+                     "norm_kernel": "fused" if r["norm_type"] == "fused_rmsnorm" else "composite"}
         rows.append(PublishedRow(f"{TORCHTITAN_DOC_2024} ({r['table']})", label, plan, "tokens_per_s_per_gpu",
                                  float(r["TPS/GPU"]), skipped=r["skipped"] or None, layout_overrides=overrides))
     return rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from meshplan.cost_models.constants import TORCHTITAN_DOC_2024
+from meshplan.cost_models.constants import table_publication
 from meshplan.cost_models.estimate import Estimate, estimate_plan, group_spans
 from meshplan.cost_models.flops import megatron_flops_per_iteration, model_flops_per_token
 from meshplan.cost_models.layout import layout_of, runtime_paths
@@ -95,6 +95,6 @@ METRIC_UNITS = {"tflops_per_gpu": "TFLOP/s/GPU", "mcore_tflops_per_gpu": "TFLOP/
 def table_groups(results: list[dict]) -> dict[str, list[dict]]:
     groups: dict[str, list[dict]] = {}
     for r in results:
-        key = next((g for g in ("TorchTitan H100", TORCHTITAN_DOC_2024) if r["table"].startswith(g)), r["table"])
+        key = table_publication(r["table"])
         groups.setdefault(key, []).append(r)
     return groups
