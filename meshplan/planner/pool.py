@@ -25,6 +25,7 @@ class Pool:
         self.top_k = top_k
         self.rejections = {r: 0 for r in REASONS}
         self.n_exact = self.n_sim = self.n_dom = self.n_bounded = self.size = self.n_stopped = 0
+        self.n_resimulated = 0  # near-cut leaves simulated again on their own durations (scoring.py)
         self.top: list[tuple[float, int, Candidate]] = []  # max-heap by step via negation
         self.nonfit: list[NonFit] = []
         # Every exactly scored leaf, fitting or not (the candidates CSV); a leaf whose simulation stopped
@@ -75,7 +76,7 @@ class Pool:
     # -- searching on worker processes (workers.py) ------------------------------------
     def findings(self) -> dict[str, Any]:
         """What a worker found, for the parent to absorb."""
-        counts = (self.size, self.n_exact, self.n_sim, self.n_dom, self.n_bounded, self.n_stopped)
+        counts = (self.size, self.n_exact, self.n_sim, self.n_dom, self.n_bounded, self.n_stopped, self.n_resimulated)
         return {"rejections": self.rejections, "top": [c for _, _, c in self.top], "nonfit": self.nonfit,
                 "scored": self.scored, "counts": counts}
 
@@ -87,7 +88,8 @@ class Pool:
         for nf in found["nonfit"]:
             self.add_nonfit(nf)
         self.scored += found["scored"]
-        size, n_exact, n_sim, n_dom, n_bounded, n_stopped = found["counts"]
+        size, n_exact, n_sim, n_dom, n_bounded, n_stopped, n_resimulated = found["counts"]
+        self.n_resimulated += n_resimulated
         self.size += size
         self.n_stopped += n_stopped
         self.n_exact += n_exact

@@ -69,6 +69,7 @@ class SearchResult:
     scored: list[Candidate] = field(default_factory=list)  # every exactly scored leaf (fits or not)
     profile: ClusterProfile | None = None
     n_stopped: int = 0  # simulations stopped once a rank held more than fits (no step time, not scored)
+    n_resimulated: int = 0  # leaves near the cut simulated again on their own durations (not in n_simulated)
 
     @property
     def best(self) -> Candidate | None:
@@ -80,7 +81,7 @@ class SearchResult:
     def counts(self) -> dict[str, Any]:
         rejected = sum(self.rejections.values())
         return {"space": self.space_size, "scored_exactly": self.n_exact, "simulated": self.n_simulated,
-                "simulations_stopped": self.n_stopped,
+                "simulations_stopped": self.n_stopped, "resimulated_exactly": self.n_resimulated,
                 "dominated": self.n_dominated, "pruned_by_bound": self.n_bounded, "rejected": rejected,
                 "rejected_by_reason": {k: v for k, v in self.rejections.items() if v},
                 "accounted": self.n_exact + self.n_dominated + self.n_bounded + rejected}

@@ -158,7 +158,8 @@ def search(plan: Plan, profile: ClusterProfile, top_k: int = 10, excludes: dict[
     nonfit = sorted(p.nonfit, key=lambda n: n.step_time_s)[:5]
     result = SearchResult(ranked, p.size, p.rejections, p.n_exact, p.n_sim, p.n_dom, p.n_bounded, nonfit,
                           s.usable, time.perf_counter() - t0, list(space.assumptions), [], space.plan,
-                          scored=p.scored, profile=profile, n_stopped=p.n_stopped)
+                          scored=p.scored, profile=profile, n_stopped=p.n_stopped,
+                          n_resimulated=p.n_resimulated)
     if ranked and ranked[0].layout.ac == "selective" and isinstance(ranked[0].layout.sac_ops, tuple):
         result.sac_ilp_check = s.sac.check_with_pulp(ranked[0])
     return result

@@ -169,9 +169,10 @@ def print_summary(result: SearchResult, profile: ClusterProfile, out: Path, cand
             console.print(f"[dim]{note}[/dim]")
     n = result.counts()
     console.print(f"searched {n['space']:,} plans in {result.search_time_s:.2f} s: {n['scored_exactly']:,} scored "
-                  f"({n['simulated']:,} pipeline simulations on durations rounded to 1%, "
-                  f"{n['simulations_stopped']:,} stopped once a rank held more than fits; the top {len(result.ranked)} "
-                  f"re-simulated exactly), {n['dominated']:,} dominated, "
+                  f"({n['simulated']:,} pipeline simulations on durations rounded to 1%, {n['simulations_stopped']:,} "
+                  f"stopped once a rank held more than fits, {n['resimulated_exactly']:,} leaves within 1% of the cut "
+                  f"simulated again exactly), "
+                  f"{n['dominated']:,} dominated, "
                   f"{n['pruned_by_bound']:,} pruned by a proven time bound, {n['rejected']:,} rejected")
     for reason, count in n["rejected_by_reason"].items():
         console.print(f"  rejected {count:>12,}  {reason}")
