@@ -25,6 +25,9 @@ TORCHTITAN = tuple(f"TorchTitan H100 (Table {i})" for i in range(1, 7))
 # earlier page, and other runs, of the same project as TORCHTITAN's December 2024 tables.
 TORCHTITAN_DOC_2024 = "TorchTitan page 2024-08"
 TORCHTITAN_DOC_2024_H100 = f"{TORCHTITAN_DOC_2024} (Table 1)"
+# torchao's float8 training benchmarks (its float8 README, 2025-03): Llama 3 8B on 8 H100 run by TorchTitan, by
+# the torchao team; a third page of TorchTitan runs, by another team, three months after the December tables.
+TORCHAO_FLOAT8 = "torchao float8 README (H100)"
 LLMFOUNDRY = "MosaicML llm-foundry MPT (A100, H100)"
 IBM_FMS = "IBM fms-fsdp Llama 2 (A100, H100)"
 OLMO_CORE = "AI2 OLMo-core OLMo 2 and Llama (H100)"
@@ -212,7 +215,7 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
     ProfileConstant("device.sustained_fraction", *_device("sustained_fraction"), 1.0,
                     "share of the best-case tensor-core rate (MAMF's matmuls, the attention benchmarks) that training sustains",
                     {"a100-80g-dgx": (MEGATRON, KORTHIKANTI),
-                     H100_CLASS: TORCHTITAN + (TORCHTITAN_DOC_2024_H100, LLMFOUNDRY, IBM_FMS, OLMO_CORE),
+                     H100_CLASS: TORCHTITAN + (TORCHTITAN_DOC_2024_H100, TORCHAO_FLOAT8, LLMFOUNDRY, IBM_FMS, OLMO_CORE),
                      BLACKWELL_CLASS: MOE_TABLES},
                     (0.5, 1.0), rate=True),
     # The H100 SXM at 700 W (h100-80g-dgx) and at the 500 W cap (h100-96g-gt) share one value: fitted on each
@@ -301,9 +304,10 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "CUDA caching-allocator slack on live tensors (expandable segments, as TorchTitan and the "
                     "runtime run it): reserved / allocated - 1 at the peak. One value for every GPU, a property "
                     "of PyTorch's allocator, not of the part: fitted on the max-reserved memory of TorchTitan's "
-                    "unpipelined runs (H100) and of the runtime's own runs on a lent H200 "
-                    "(data/measured/runtime_runs.json); 5 % allocator practice before the first fit",
-                    {EVERY_GPU: TORCHTITAN[0:4] + (RUNTIME_RUNS,)}, (0.0, 0.5), time=False),
+                    "unpipelined runs (H100; the December tables and torchao's float8 benchmarks) and of the "
+                    "runtime's own runs on a lent H200 (data/measured/runtime_runs.json); 5 % allocator practice "
+                    "before the first fit",
+                    {EVERY_GPU: TORCHTITAN[0:4] + (TORCHAO_FLOAT8, RUNTIME_RUNS)}, (0.0, 0.5), time=False),
     ProfileConstant("overheads.pp_memory_fragmentation",
                     lambda p: (p.overheads.memory_fragmentation if p.overheads.pp_memory_fragmentation is None
                                else p.overheads.pp_memory_fragmentation),

@@ -31,6 +31,10 @@ is assumed once here, and printed by `meshplan validate`:
   TorchTitan's Triton fused RMSNorm where the run's config names it (Layout.norm_kernel), FSDP's float8
   all-gather not priced; rows whose AC (every n-th layer) or compile flag is not expressible or not
   printed are skipped.
+- torchao's float8 training benchmarks (torchao_float8_training_h100.csv; its float8 README of 2025-03): Llama 3 8B
+  on 8 H100 by TorchTitan of that month, FSDP 8, op-level SAC, compiled blocks, bf16 and tensorwise float8, with
+  the 2024 overrides (repeat_kv, the loss uncompiled); on the 500 W Grand Teton H100, which the README does not
+  name; FSDP's float8 all-gather not priced; the rowwise-scaled row skipped.
 - Megatron-Bridge MoE runs on B200 and GB200 (moe_training_blackwell.csv; Megatron-Core with
   Transformer Engine), priced on the megatron-core stack (stacks.py): routing force-balanced (the page's footnote), so priced at imbalance 1;
   token-drop rows are skipped (their capacity factor is not printed). Megatron's DDP with the
@@ -85,7 +89,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from meshplan.cost_models.constants import (IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, MEGATRON_LM_GB200, MOE_MODEL_ZOO,
-                                            OLMO_CORE, RUNTIME_RUNS, TORCHTITAN_DOC_2024,
+                                            OLMO_CORE, RUNTIME_RUNS, TORCHAO_FLOAT8, TORCHTITAN_DOC_2024,
                                             moe_table)
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.model import ModelSpec
@@ -272,6 +276,36 @@ def torchtitan_doc_2024_rows() -> list[PublishedRow]:
                      "norm_kernel": "fused" if r["norm_type"] == "fused_rmsnorm" else "composite"}
         rows.append(PublishedRow(f"{TORCHTITAN_DOC_2024} ({r['table']})", label, plan, "tokens_per_s_per_gpu",
                                  float(r["TPS/GPU"]), skipped=r["skipped"] or None, layout_overrides=overrides))
+    return rows
+
+
+def torchao_float8_rows() -> list[PublishedRow]:
+    """torchao's float8 training benchmarks (torchao_float8_training_h100.csv): Llama 3 8B on 8 H100 by TorchTitan of
+    2025-03 (FSDP 8, local batch 1 of 8192 tokens, TorchTitan's op-level SAC, per-block torch.compile), in bf16 and
+    with tensorwise float8, its FSDP all-gather in float8 (not priced: gathered as bf16, as in the 2024 pages) and
+    its float8 weights recomputed in the backward, not saved. TorchTitan's model and train.py of the time did what
+    TORCHTITAN_2024_OVERRIDES says (repeat_kv, the loss left uncompiled: components/loss.py at 0da8901b1). The
+    figures are the median tokens/s per GPU and the max reserved memory TorchTitan's log printed (GiB, though
+    the README's header says GB). The README names no H100 variant: priced on the 500 W Grand Teton part of the
+    same organisation's December tables. The rowwise row is skipped (CSV)."""
+    rows = []
+    for r in read_published_csv("torchao_float8_training_h100.csv"):
+        fsdp = _degrees(r["parallelism"])["fsdp"]
+        local = int(r["local batch size"])
+        plan = Plan(
+            model=resolve_model("llama3-8b"), cluster="h100-96g-gt", gpus=int(r["GPUs"]),
+            training=TrainingSpec(seq_len=int(r["sequence length"]), global_batch=local * fsdp, micro_batch=local,
+                                  dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=1, dp_shard=fsdp, tp=1, sequence_parallel=False, async_tp=False, pp=1,
+                                  pp_schedule="1F1B", pp_virtual_stages=1, cp=1),
+            memory=MemorySpec(activation_checkpointing=TORCHTITAN_2024_AC[r["activation checkpointing"]], sac_ops=None,
+                              float8=bool(r["float8 recipe"]), reshard_after_forward=True),
+            compile=r["compile"] == "true", stack=TORCHTITAN,
+        )
+        label = f"{r['model']} {r['GPUs']} GPUs {r['parallelism']} seq {r['sequence length']} | {r['scaling']}"
+        rows.append(PublishedRow(TORCHAO_FLOAT8, label, plan, "tokens_per_s_per_gpu",
+                                 float(r["median tokens/s per GPU"]), float(r["peak memory GiB"]),
+                                 skipped=r["skipped"] or None, layout_overrides=dict(TORCHTITAN_2024_OVERRIDES)))
     return rows
 
 
@@ -661,5 +695,6 @@ def all_training_rows() -> list[PublishedRow]:
     """Every published training row, skipped ones included (validate lists them with the reason), and the
     runtime's own memory rows."""
     return (megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + torchtitan_doc_2024_rows()
+            + torchao_float8_rows()
             + moe_blackwell_rows() + llmfoundry_rows()
             + ibm_fms_rows() + olmo_core_rows() + runtime_memory_rows())

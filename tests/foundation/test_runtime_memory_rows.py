@@ -80,8 +80,9 @@ def test_validate_lists_them_as_a_table_of_their_own():
     assert all(r["metric"] == MEMORY_ONLY and r["error"] == pytest.approx(r["memory_error"]) for r in rows)
 
 
-def test_the_allocator_slack_rests_on_two_sources():
+def test_the_allocator_slack_rests_on_three_sources():
     frag = constants.profile_constant("overheads.memory_fragmentation").fitted_on
     assert list(frag) == [constants.EVERY_GPU]
-    assert _sources_text(frag[constants.EVERY_GPU]) == "2 sources"
-    assert {source_of(t) for t in frag[constants.EVERY_GPU]} == {"TorchTitan H100", constants.RUNTIME_RUNS}
+    assert _sources_text(frag[constants.EVERY_GPU]) == "3 sources"
+    assert {source_of(t) for t in frag[constants.EVERY_GPU]} == {"TorchTitan H100", constants.TORCHAO_FLOAT8,
+                                                                 constants.RUNTIME_RUNS}
