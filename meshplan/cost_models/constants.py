@@ -28,6 +28,9 @@ TORCHTITAN_DOC_2024_H100 = f"{TORCHTITAN_DOC_2024} (Table 1)"
 # torchao's float8 training benchmarks (its float8 README, 2025-03): Llama 3 8B on 8 H100 run by TorchTitan, by
 # the torchao team; a third page of TorchTitan runs, by another team, three months after the December tables.
 TORCHAO_FLOAT8 = "torchao float8 README (H100)"
+# The same benchmark of 2025-08 on 8 power-limited B200s (torchao's mx_formats README), by TorchTitan of that month:
+# scored on max reserved memory alone (the power cap is not printed) and fitted on by nothing.
+TORCHAO_B200 = "torchao mx_formats README (B200, memory)"
 LLMFOUNDRY = "MosaicML llm-foundry MPT (A100, H100)"
 IBM_FMS = "IBM fms-fsdp Llama 2 (A100, H100)"
 OLMO_CORE = "AI2 OLMo-core OLMo 2 and Llama (H100)"

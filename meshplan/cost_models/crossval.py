@@ -336,7 +336,7 @@ def constants_text() -> str:
 def _memory_rows_text(rows: list[PublishedRow]) -> str:
     """How many of `rows` with a memory figure are published and how many are the runtime's own runs."""
     memory = [r for r in rows if r.published_memory_gib is not None]
-    own = sum(r.metric == MEMORY_ONLY for r in memory)
+    own = sum(r.table == RUNTIME_RUNS for r in memory)
     return f"{len(memory) - own} published, {own} of the runtime's own runs"
 
 

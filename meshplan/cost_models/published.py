@@ -34,7 +34,9 @@ is assumed once here, and printed by `meshplan validate`:
 - torchao's float8 training benchmarks (torchao_float8_training_h100.csv; its float8 README of 2025-03): Llama 3 8B
   on 8 H100 by TorchTitan of that month, FSDP 8, op-level SAC, compiled blocks, bf16 and tensorwise float8, with
   the 2024 overrides (repeat_kv, the loss uncompiled); on the 500 W Grand Teton H100, which the README does not
-  name; FSDP's float8 all-gather not priced; the rowwise-scaled row skipped.
+  name; FSDP's float8 all-gather not priced; the rowwise-scaled row skipped. Its B200 table of 2025-08 (torchao_mx_
+  training_b200.csv; TorchTitan 6fc499f6f, the loss compiled, repeat_kv) on max reserved memory alone: the
+  B200s' power cap is not printed; its MXFP8 and rowwise rows skipped.
 - Megatron-Bridge MoE runs on B200 and GB200 (moe_training_blackwell.csv; Megatron-Core with
   Transformer Engine), priced on the megatron-core stack (stacks.py): routing force-balanced (the page's footnote), so priced at imbalance 1;
   token-drop rows are skipped (their capacity factor is not printed). Megatron's DDP with the
@@ -89,7 +91,8 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from meshplan.cost_models.constants import (IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, MEGATRON_LM_GB200, MOE_MODEL_ZOO,
-                                            OLMO_CORE, RUNTIME_RUNS, TORCHAO_FLOAT8, TORCHTITAN_DOC_2024,
+                                            OLMO_CORE, RUNTIME_RUNS, TORCHAO_B200, TORCHAO_FLOAT8,
+                                            TORCHTITAN_DOC_2024,
                                             moe_table)
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.model import ModelSpec
@@ -306,6 +309,32 @@ def torchao_float8_rows() -> list[PublishedRow]:
         rows.append(PublishedRow(TORCHAO_FLOAT8, label, plan, "tokens_per_s_per_gpu",
                                  float(r["median tokens/s per GPU"]), float(r["peak memory GiB"]),
                                  skipped=r["skipped"] or None, layout_overrides=dict(TORCHTITAN_2024_OVERRIDES)))
+    return rows
+
+
+def torchao_b200_memory_rows() -> list[PublishedRow]:
+    """torchao's MX training benchmarks on B200 (torchao_mx_training_b200.csv): the same Llama 3 8B run as
+    torchao_float8_rows, by TorchTitan of 2025-08 (6fc499f6f), whose train.py compiles the loss with the blocks
+    (the torchtitan stack's default) and whose model still expands K/V before SDPA (repeat_kv). The B200s were
+    power-limited to a cap the README does not print, so the rows are scored on max reserved memory alone
+    (MEMORY_ONLY) and no constant is fitted on them. The MXFP8 and rowwise rows are skipped (CSV)."""
+    rows = []
+    for r in read_published_csv("torchao_mx_training_b200.csv"):
+        fsdp, local = _degrees(r["parallelism"])["fsdp"], int(r["local batch size"])
+        plan = Plan(
+            model=resolve_model("llama3-8b"), cluster="b200-180g-dgx", gpus=int(r["GPUs"]),
+            training=TrainingSpec(seq_len=int(r["sequence length"]), global_batch=local * fsdp, micro_batch=local,
+                                  dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=1, dp_shard=fsdp, tp=1, sequence_parallel=False, async_tp=False, pp=1,
+                                  pp_schedule="1F1B", pp_virtual_stages=1, cp=1),
+            memory=MemorySpec(activation_checkpointing=TORCHTITAN_2024_AC[r["activation checkpointing"]], sac_ops=None,
+                              float8=bool(r["float8 recipe"]), reshard_after_forward=True),
+            compile=r["compile"] == "true", stack=TORCHTITAN,
+        )
+        label = f"{r['model']} {r['GPUs']} GPUs {r['parallelism']} seq {r['sequence length']} | {r['scaling']}"
+        memory = float(r["peak memory GiB"])
+        rows.append(PublishedRow(TORCHAO_B200, label, plan, MEMORY_ONLY, memory, memory, skipped=r["skipped"] or None,
+                                 layout_overrides={"kv_repeated": True}))
     return rows
 
 
@@ -695,6 +724,6 @@ def all_training_rows() -> list[PublishedRow]:
     """Every published training row, skipped ones included (validate lists them with the reason), and the
     runtime's own memory rows."""
     return (megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + torchtitan_doc_2024_rows()
-            + torchao_float8_rows()
+            + torchao_float8_rows() + torchao_b200_memory_rows()
             + moe_blackwell_rows() + llmfoundry_rows()
             + ibm_fms_rows() + olmo_core_rows() + runtime_memory_rows())

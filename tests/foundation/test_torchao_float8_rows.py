@@ -53,3 +53,25 @@ def test_the_rows_feed_the_h100_rate_and_the_allocator_slack():
     by_name = {c.name: c for c in PROFILE_CONSTANTS}
     assert any(TORCHAO_FLOAT8 in tables for tables in by_name["device.sustained_fraction"].fitted_on.values())
     assert any(TORCHAO_FLOAT8 in tables for tables in by_name["overheads.memory_fragmentation"].fitted_on.values())
+
+
+def test_the_b200_rows_are_scored_on_memory_alone_and_fit_nothing():
+    """torchao's B200 runs (2025-08, power-limited to a cap not printed): memory-only rows, TorchTitan's compiled
+    loss (the stack's default) and repeat_kv, in no constant's fit, counted as published rows, not the runtime's."""
+    from meshplan.cost_models.constants import RUNTIME_RUNS, TORCHAO_B200
+    from meshplan.cost_models.crossval import _memory_rows_text
+    from meshplan.cost_models.published import MEMORY_ONLY, all_training_rows, torchao_b200_memory_rows
+
+    rows = torchao_b200_memory_rows()
+    scored = [r for r in rows if not r.skipped]
+    assert [r.plan.memory.float8 for r in scored] == [False, True] and len(rows) == 5
+    assert all("not a" in r.skipped for r in rows if r.skipped)  # MXFP8 and rowwise: recipes not priced
+    for r in scored:
+        assert r.table == TORCHAO_B200 and r.metric == MEMORY_ONLY and r.published == r.published_memory_gib
+        assert r.plan.cluster == "b200-180g-dgx" and r.layout_overrides == {"kv_repeated": True}
+    assert [r.published for r in scored] == [33.71, 33.38]
+    assert not any(TORCHAO_B200 in tables for c in PROFILE_CONSTANTS for tables in c.fitted_on.values())
+    memory = [r for r in all_training_rows() if not r.skipped]
+    own = sum(r.table == RUNTIME_RUNS for r in memory)
+    published = sum(r.published_memory_gib is not None for r in memory) - own
+    assert _memory_rows_text(memory) == f"{published} published, {own} of the runtime's own runs" and own == 8
