@@ -135,6 +135,11 @@ class Layout:
     # memory.stage_params price the rest). The plan's training.mtp_layers; meshplan's runtime and
     # TorchTitan run none (specs/rules.py mtp_reason).
     mtp_layers: int = 0
+    # Whether FSDP shards the token embedding as a unit of its own, resharded after its forward (TorchTitan
+    # since 2025-07-28), so that it is not unsharded at the backward's peak; else the root unit keeps it
+    # unsharded with the final norm and the head for the whole step (meshplan's runtime; TorchTitan before).
+    # memory._fsdp_buffers.
+    fsdp_embedding_unit: bool = False
     # Whether the stack compiles the loss where it compiles the blocks (meshplan's runtime does, by
     # specs/rules.py loss_compiled; TorchTitan 2024 compiled the blocks alone): see loss_compiled.
     compiles_loss: bool = True

@@ -406,8 +406,10 @@ def _fsdp_buffers(lay: Layout, sp: StageParams) -> float:
     # float8 parameters are gathered in 1 byte only where there is a group to gather over (runtime/parallelize.py)
     gather_bytes = 1.0 if lay.float8 and lay.fsdp_shard > 1 else lay.act_bytes
     grad_bytes = lay.act_bytes
-    # Root module (embedding, final norm, head) stays unsharded for the whole step.
-    root = (sp.embedding + sp.head) * lay.act_bytes
+    # The root unit (final norm, head, and the embedding unless it is a unit of its own, resharded after its
+    # forward: Layout.fsdp_embedding_unit) stays unsharded for the whole step. A tied embedding is the head's.
+    embedding = 0.0 if lay.fsdp_embedding_unit and not lay.spec.tied_embeddings else sp.embedding
+    root = (embedding + sp.head) * lay.act_bytes
     if lay.params_held:
         held = sp.blocks * gather_bytes
         # Under pipelining the fp32 accumulators are counted apart (grad_accumulators); the current

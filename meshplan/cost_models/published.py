@@ -200,8 +200,10 @@ def torchtitan_split(n_layers: int, n_stages: int) -> list[int]:
 
 
 # What TorchTitan's model and train.py of 2024 did that a plan does not say (the module docstring): K/V
-# expanded to every query head (repeat_kv), PyTorch's ring attention under CP, the loss left uncompiled.
-TORCHTITAN_2024_OVERRIDES = {"kv_repeated": True, "cp_attention": "ring", "compiles_loss": False}
+# expanded to every query head (repeat_kv), PyTorch's ring attention under CP, the loss left uncompiled, and
+# the embedding in the root FSDP unit (a unit of its own from 2025-07-28, stacks.py).
+TORCHTITAN_2024_OVERRIDES = {"kv_repeated": True, "cp_attention": "ring", "compiles_loss": False,
+                             "fsdp_embedding_unit": False}
 
 
 def torchtitan_rows() -> list[PublishedRow]:

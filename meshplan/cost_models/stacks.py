@@ -48,6 +48,7 @@ class Stack:
     pp_recv_up_front: bool = True  # Layout.pp_recv_up_front: a receive buffer per micro-batch, allocated up front
     rope_complex: bool = False  # Layout.rope_complex: RoPE as a complex multiply, which Inductor leaves eager
     float8_weight_cache: bool = False  # Layout.float8_weight_cache: float8 weights cast once a step
+    fsdp_embedding_unit: bool = False  # Layout.fsdp_embedding_unit: the embedding a fully_shard unit of its own
     # Whether selective AC recomputes named modules (MegatronRecompute, the plan's memory.recompute_modules)
     # rather than saving op kinds (memory.sac_ops)
     recomputes_modules: bool = False
@@ -86,8 +87,12 @@ STACKS: dict[str, Stack] = {
          "no fully_shard without FSDP: mixed_precision_param 'takes effect via fully_shard when "
          "data_parallel_shard_degree > 1 or context_parallel_degree > 1; it takes effect via torch.autocast when "
          "data_replicate_degree >= 1 and no other parallelism is enabled' (torchtitan config/configs.py at b5bcd76c6), "
-         "so a plan without FSDP copies nothing (Layout.fsdp_one_rank)"),
-        attention_kernel="flash", moe_tp_gather=True, rope_complex=True, fsdp_one_rank=False),
+         "so a plan without FSDP copies nothing (Layout.fsdp_one_rank)",
+         "the token embedding a fully_shard unit of its own, resharded after its forward, and the final norm with "
+         "the output head one kept unsharded until their backward (apply_fsdp since 83e694105, 'Improve "
+         "reshard_after_forward logic', #1094, 2025-07-28); before, the root unit held all three for the whole "
+         "step, as meshplan's runtime does (Layout.fsdp_embedding_unit)"),
+        attention_kernel="flash", moe_tp_gather=True, rope_complex=True, fsdp_one_rank=False, fsdp_embedding_unit=True),
     MEGATRON_CORE: Stack(
         None, False, "last_microbatch",
         ("selective recompute by module (recompute_granularity 'selective' with TransformerConfig."

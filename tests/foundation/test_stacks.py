@@ -422,3 +422,21 @@ def test_torchtitans_complex_rope_stays_eager_under_compile_by_hand():
     # eager, both stacks price eager PyTorch's passes (constants.MODEL.rope_passes)
     assert elementwise_times(titan.with_(compile=False), PROFILE) == elementwise_times(
         titan.with_(compile=False, rope_complex=False), PROFILE)
+
+
+def test_torchtitan_shards_the_embedding_as_a_unit_of_its_own():
+    """TorchTitan's apply_fsdp since 2025-07-28 reshards the token embedding after its forward: at the backward's
+    peak FSDP holds the root unit's final norm and head unsharded, not the embedding (meshplan's runtime keeps
+    all three, as TorchTitan's root unit did before). By hand: Llama 3 8B's embedding, 128256 x 4096 in bf16."""
+    from dataclasses import replace
+
+    from meshplan.cost_models.memory import _fsdp_buffers, stage_params
+
+    lay = runtime_paths(layout_of(on("torchtitan")), PROFILE)
+    assert lay.fsdp_embedding_unit and not runtime_paths(layout_of(on("meshplan")), PROFILE).fsdp_embedding_unit
+    sp = stage_params(lay, 0)
+    before = replace(lay, fsdp_embedding_unit=False)
+    assert _fsdp_buffers(before, sp) - _fsdp_buffers(lay, sp) == VOCAB * 4096 * 2
+    gib = {k: estimate_plan(on("torchtitan"), PROFILE, fsdp_embedding_unit=v).memory_gib["fsdp_buffers"]
+           for k, v in (("unit", True), ("root", False))}
+    assert (gib["root"] - gib["unit"]) * 2**30 == pytest.approx(VOCAB * 4096 * 2, rel=1e-9)
