@@ -295,19 +295,7 @@ def torchao_float8_rows() -> list[PublishedRow]:
     same organisation's December tables. The rowwise row is skipped (CSV)."""
     rows = []
     for r in read_published_csv("torchao_float8_training_h100.csv"):
-        fsdp = _degrees(r["parallelism"])["fsdp"]
-        local = int(r["local batch size"])
-        plan = Plan(
-            model=resolve_model("llama3-8b"), cluster="h100-96g-gt", gpus=int(r["GPUs"]),
-            training=TrainingSpec(seq_len=int(r["sequence length"]), global_batch=local * fsdp, micro_batch=local,
-                                  dtype="bf16"),
-            parallel=ParallelSpec(dp_replicate=1, dp_shard=fsdp, tp=1, sequence_parallel=False, async_tp=False, pp=1,
-                                  pp_schedule="1F1B", pp_virtual_stages=1, cp=1),
-            memory=MemorySpec(activation_checkpointing=TORCHTITAN_2024_AC[r["activation checkpointing"]], sac_ops=None,
-                              float8=bool(r["float8 recipe"]), reshard_after_forward=True),
-            compile=r["compile"] == "true", stack=TORCHTITAN,
-        )
-        label = f"{r['model']} {r['GPUs']} GPUs {r['parallelism']} seq {r['sequence length']} | {r['scaling']}"
+        plan, label = _torchao_plan(r, "h100-96g-gt")
         rows.append(PublishedRow(TORCHAO_FLOAT8, label, plan, "tokens_per_s_per_gpu",
                                  float(r["median tokens/s per GPU"]), float(r["peak memory GiB"]),
                                  skipped=r["skipped"] or None, layout_overrides=dict(TORCHTITAN_2024_OVERRIDES)))
@@ -322,22 +310,28 @@ def torchao_b200_memory_rows() -> list[PublishedRow]:
     (MEMORY_ONLY) and no constant is fitted on them. The MXFP8 and rowwise rows are skipped (CSV)."""
     rows = []
     for r in read_published_csv("torchao_mx_training_b200.csv"):
-        fsdp, local = _degrees(r["parallelism"])["fsdp"], int(r["local batch size"])
-        plan = Plan(
-            model=resolve_model("llama3-8b"), cluster="b200-180g-dgx", gpus=int(r["GPUs"]),
-            training=TrainingSpec(seq_len=int(r["sequence length"]), global_batch=local * fsdp, micro_batch=local,
-                                  dtype="bf16"),
-            parallel=ParallelSpec(dp_replicate=1, dp_shard=fsdp, tp=1, sequence_parallel=False, async_tp=False, pp=1,
-                                  pp_schedule="1F1B", pp_virtual_stages=1, cp=1),
-            memory=MemorySpec(activation_checkpointing=TORCHTITAN_2024_AC[r["activation checkpointing"]], sac_ops=None,
-                              float8=bool(r["float8 recipe"]), reshard_after_forward=True),
-            compile=r["compile"] == "true", stack=TORCHTITAN,
-        )
-        label = f"{r['model']} {r['GPUs']} GPUs {r['parallelism']} seq {r['sequence length']} | {r['scaling']}"
+        plan, label = _torchao_plan(r, "b200-180g-dgx")
         memory = float(r["peak memory GiB"])
         rows.append(PublishedRow(TORCHAO_B200, label, plan, MEMORY_ONLY, memory, memory, skipped=r["skipped"] or None,
                                  layout_overrides={"kv_repeated": True}))
     return rows
+
+
+def _torchao_plan(r: dict[str, str], cluster: str) -> tuple[Plan, str]:
+    """A torchao benchmark row's TorchTitan run (its benchmark script: llama3_8b.toml, FSDP over every GPU, a
+    local batch of `local batch size` sequences, op-level SAC, compiled blocks), and its label."""
+    fsdp, local = _degrees(r["parallelism"])["fsdp"], int(r["local batch size"])
+    plan = Plan(
+        model=resolve_model("llama3-8b"), cluster=cluster, gpus=int(r["GPUs"]),
+        training=TrainingSpec(seq_len=int(r["sequence length"]), global_batch=local * fsdp, micro_batch=local,
+                              dtype="bf16"),
+        parallel=ParallelSpec(dp_replicate=1, dp_shard=fsdp, tp=1, sequence_parallel=False, async_tp=False, pp=1,
+                              pp_schedule="1F1B", pp_virtual_stages=1, cp=1),
+        memory=MemorySpec(activation_checkpointing=TORCHTITAN_2024_AC[r["activation checkpointing"]], sac_ops=None,
+                          float8=bool(r["float8 recipe"]), reshard_after_forward=True),
+        compile=r["compile"] == "true", stack=TORCHTITAN,
+    )
+    return plan, f"{r['model']} {r['GPUs']} GPUs {r['parallelism']} seq {r['sequence length']} | {r['scaling']}"
 
 
 MOE_MODELS = {"DeepSeek-V3": "deepseek-v3", "GPT-OSS-120B": "gpt-oss-120b", "Qwen3-30B-A3B": "qwen3-30b-a3b",
