@@ -318,11 +318,11 @@ def torchao_b200_memory_rows() -> list[PublishedRow]:
 
 
 def _torchao_plan(r: dict[str, str], cluster: str) -> tuple[Plan, str]:
-    """A torchao benchmark row's TorchTitan run (its benchmark script: llama3_8b.toml, FSDP over every GPU, a
+    """A torchao benchmark row's TorchTitan run (its benchmark script: the model's toml, FSDP over every GPU, a
     local batch of `local batch size` sequences, op-level SAC, compiled blocks), and its label."""
     fsdp, local = _degrees(r["parallelism"])["fsdp"], int(r["local batch size"])
     plan = Plan(
-        model=resolve_model("llama3-8b"), cluster=cluster, gpus=int(r["GPUs"]),
+        model=resolve_model(r["model"].lower()), cluster=cluster, gpus=int(r["GPUs"]),
         training=TrainingSpec(seq_len=int(r["sequence length"]), global_batch=local * fsdp, micro_batch=local,
                               dtype="bf16"),
         parallel=ParallelSpec(dp_replicate=1, dp_shard=fsdp, tp=1, sequence_parallel=False, async_tp=False, pp=1,

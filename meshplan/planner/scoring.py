@@ -58,7 +58,8 @@ class Scoring:
             # Near enough the cut to make it: ranked by its exact schedule, so the top K hold exact times
             # alone, the K-th that every bound must beat is exact, and which leaves make the cut does
             # not hang on the order they were scored in (nor on which worker scored them).
-            got = self.evaluate(got[0], order, exact=True)
+            # The screening's step parts serve again where the layout is the one it was scored as.
+            got = self.evaluate(got[0], order, parts if got[0] is lay else None, exact=True)
             if got is None or got is TOO_BIG:
                 pool.reject(MICROBATCHES if got is None else NO_FIT, 1)
                 return
