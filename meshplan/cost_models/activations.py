@@ -32,6 +32,10 @@ SHARDINGS = ("tp", "sp", "gathered", "none")
 # What selective AC saves on the torchtitan stack (stacks.py) and on TorchTitan's published runs
 # (sac_ops = TORCHTITAN_OP_POLICY); meshplan's own default is DEFAULT_SAC_OPS.
 TORCHTITAN_OP_SAC = ("block_in", "q_mm", "v_mm", "attn_core_out", "ffn_in_0", "ffn_out_mm", "attn_out_rs", "ffn_out_rs")
+# What a block's backward reads of its forward: ffn_out's output (the block's output) is not among it.
+BACKWARD_NEEDS = frozenset({"qkv", "attention", "attn_out", "ffn_in"})
+# The block's output, before and after its reduce-scatter: no op of the block's backward reads it.
+BLOCK_OUTPUT = frozenset({"ffn_out_mm", "ffn_out_rs"})
 
 
 @dataclass(frozen=True)
@@ -234,9 +238,16 @@ def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int, la
             names.add("ffn_out_rs")  # w2's output is the reduce-scatter's when there is no TP
         if spec.is_moe_layer(spec.n_layers - 1 if layer is None else layer):
             names |= {"router_scores", "expert_in_0", "shared_in_0"}  # every other matmul's output, as in the MLP
-        return names
-    kinds = DEFAULT_SAC_OPS if sac_ops is None else sac_ops
-    return {"block_in"} | {x.name for x in tensors if x.sac_kind in kinds}
+    else:
+        kinds = DEFAULT_SAC_OPS if sac_ops is None else sac_ops
+        names = {"block_in"} | {x.name for x in tensors if x.sac_kind in kinds}
+    if conv.compiled:
+        # Eager selective checkpointing stores every output its policy marks MUST_SAVE. AOTAutograd's
+        # partitioner saves only what the backward graph reads, and nothing reads the block's output
+        # (w2's, TorchTitan's op policy marks it as the 7th matmul). Seen with saved-tensor hooks on a
+        # compiled runtime block (tests/runtime/test_saved_activations.py).
+        names -= BLOCK_OUTPUT
+    return names
 
 
 def activation_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, ac: str,
@@ -265,8 +276,6 @@ def recompute_peak_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: b
     return activation_bytes_per_token(spec, seq_len, tp, sp, "none", None, act_bytes, conv, layer, ep, imbalance)
 
 
-# What a block's backward reads of its forward: ffn_out's output (the block's output) is not among it.
-BACKWARD_NEEDS = frozenset({"qkv", "attention", "attn_out", "ffn_in"})
 
 
 def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash", compiled: bool = False,

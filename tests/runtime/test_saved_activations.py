@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from meshplan.cost_models.activations import activation_bytes_per_token, convention_of
+from meshplan.cost_models.stacks import TORCHTITAN_OP_POLICY
 from meshplan.runtime.metrics import saved_activations
 from meshplan.runtime.model import Transformer
 from meshplan.specs.registry import resolve_model
@@ -86,6 +87,96 @@ def test_compiled_float8_inventory_matches_what_autograd_saves():
     measured = saved_bytes_per_token(torch.bfloat16, compiled=True, float8=True)
     assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
     assert measured < 0.85 * saved_bytes_per_token(torch.bfloat16, compiled=True)
+
+
+def torchtitan_op_policy_context():
+    """TorchTitan's op-level SAC policy (torchtitan/models/llama3/infra/parallelize.py, _custom_policy at
+    6fc499f6f), written out here: save SDPA's outputs and every other linear matmul's (the 1st, 3rd, ...
+    of the forward, counted apart in the recomputation); recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    from meshplan.runtime.activation_checkpoint import ATTENTION_OPS, LINEAR_OPS
+
+    counts = {False: 0, True: 0}
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in LINEAR_OPS:
+            counts[ctx.is_recompute] += 1
+        save = op in ATTENTION_OPS or (op in LINEAR_OPS and counts[ctx.is_recompute] % 2 == 1)
+        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def selective_block(context_fn, dtype=torch.bfloat16):
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    block = list(Transformer(SPEC).layers.values())[0].to(dtype)
+    return checkpoint_wrapper(block, preserve_rng_state=False, context_fn=context_fn)
+
+
+def eager_selective_bytes_per_token(run) -> float:
+    """What eager selective checkpointing holds after `run`'s forward, per token: its input, which the
+    checkpoint keeps, and the outputs its policy stored (seen as live storages, not through saved-tensor
+    hooks, which the checkpoint's own hooks replace)."""
+    from meshplan.runtime.metrics import LiveTensorMemory
+
+    x = torch.randn(BATCH, SEQ, SPEC.dim, dtype=torch.bfloat16, requires_grad=True)
+    with LiveTensorMemory(torch.device("cpu")) as mem:
+        before = mem.current()
+        out = run(x)
+        held = mem.current() - before - out.untyped_storage().nbytes()
+    return (held + x.untyped_storage().nbytes()) / (BATCH * SEQ)
+
+
+def compiled_bytes_per_token(run) -> float:
+    compiled = torch.compile(run)
+    x = torch.randn(BATCH, SEQ, SPEC.dim, dtype=torch.bfloat16, requires_grad=True)
+    compiled(x)  # compile outside the hooks
+    return sum(t.untyped_storage().nbytes() for t in saved_activations(compiled, x)) / (BATCH * SEQ)
+
+
+def block_output_bytes_per_token() -> float:
+    return SPEC.dim * 2.0  # w2's bf16 output, the block's
+
+
+def test_torchtitan_op_policy_eager_keeps_what_the_inventory_prices():
+    """Eager, the policy stores every output it marks MUST_SAVE, w2's (the block's output) among them."""
+    priced = activation_bytes_per_token(SPEC, SEQ, 1, False, "selective", TORCHTITAN_OP_POLICY, 2.0,
+                                        convention_of("flash", True))
+    measured = eager_selective_bytes_per_token(selective_block(torchtitan_op_policy_context))
+    assert abs(priced / measured - 1) <= 0.05, (priced, measured)
+
+
+@pytest.mark.slow  # inductor builds the block's C++ kernels
+def test_torchtitan_op_policy_compiled_keeps_no_block_output():
+    """Compiled, AOTAutograd's partitioner saves what the backward reads: the policy's outputs less w2's,
+    which nothing reads. The inventory prices that (activations.BLOCK_OUTPUT); eager's set would be over
+    by the block's output, 128 of 720 bytes per token here (2 GiB for Llama 3 8B at 8192 tokens)."""
+    priced = activation_bytes_per_token(SPEC, SEQ, 1, False, "selective", TORCHTITAN_OP_POLICY, 2.0,
+                                        convention_of("flash", True, compiled=True))
+    measured = compiled_bytes_per_token(selective_block(torchtitan_op_policy_context))
+    assert abs(priced / measured - 1) <= 0.05, (priced, measured)
+    eager = eager_selective_bytes_per_token(selective_block(torchtitan_op_policy_context))
+    assert eager - measured == pytest.approx(block_output_bytes_per_token(), rel=0.05)
+
+
+@pytest.mark.slow  # inductor builds the block's C++ kernels
+def test_compiled_selective_ac_listing_ffn_out_keeps_no_block_output():
+    """The same for the runtime's own policy (runtime/activation_checkpoint.py) when memory.sac_ops lists
+    ffn_out: compiled, w2's output is not kept."""
+    from meshplan.runtime.activation_checkpoint import apply_ac
+
+    kinds = ["qkv", "attention", "ffn_in", "ffn_out"]
+    model = Transformer(SPEC).to(torch.bfloat16)
+    apply_ac(model, "selective", kinds)
+    block = list(model.layers.values())[0]
+    priced = activation_bytes_per_token(SPEC, SEQ, 1, False, "selective", tuple(kinds), 2.0,
+                                        convention_of("flash", True, compiled=True))
+    measured = compiled_bytes_per_token(block)
+    assert abs(priced / measured - 1) <= 0.05, (priced, measured)
+    eager = eager_selective_bytes_per_token(block)
+    assert eager - measured >= 0.9 * block_output_bytes_per_token()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
