@@ -32,7 +32,7 @@ PLAN = {"version": 1, "model": "llama3-8b", "cluster": "h100-80g-dgx", "gpus": 8
 def test_reserved_is_allocated_plus_allocator_slack_and_the_device_peak_adds_context():
     prof = load_profile("h100-80g-dgx")
     frag, context = prof.overheads.memory_fragmentation, prof.overheads.context_gib
-    assert (frag, context) == (0.021, 1.0)  # the profile's values (fitted slack, context from practice)
+    assert (frag, context) == (0.036, 1.0)  # the profile's values (fitted slack, context from practice)
     est = estimate_plan(plan_from_dict(PLAN), prof)
     assert est.reserved_peak_gib == pytest.approx(est.allocated_peak_gib * (1 + frag), rel=1e-12)
     assert est.peak_memory_gib == pytest.approx(est.reserved_peak_gib + context, rel=1e-12)
@@ -53,7 +53,7 @@ def test_pipelined_fsdp_plans_take_the_pipelined_slack():
     # Without FSDP there are no unsharded accumulators: the plain slack.
     ddp = {**PLAN, "parallel": {**PLAN["parallel"], "dp_shard": 1, "dp_replicate": 4, "pp": 2}}
     est = estimate_plan(plan_from_dict(ddp), prof)
-    assert est.reserved_peak_gib == pytest.approx(est.allocated_peak_gib * 1.021, rel=1e-12)
+    assert est.reserved_peak_gib == pytest.approx(est.allocated_peak_gib * 1.036, rel=1e-12)
 
 
 def test_run_summary_shows_reserved_only_where_it_was_measured():
@@ -76,7 +76,7 @@ def test_one_micro_batch_plans_reserve_the_previous_steps_gradients():
     est = estimate_plan(plan_from_dict(one), prof)
     stranded = LLAMA3_8B_PARAMS / 8 * 4 / GIB
     assert est.memory_gib["grads"] == 0.0
-    assert est.reserved_peak_gib == pytest.approx(est.allocated_peak_gib * 1.021 + stranded, rel=2e-3)
+    assert est.reserved_peak_gib == pytest.approx(est.allocated_peak_gib * 1.036 + stranded, rel=2e-3)
 
 
 def _h200_run(source: str) -> dict:
