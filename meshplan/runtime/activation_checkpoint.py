@@ -76,6 +76,34 @@ def sac_context_fn(kinds: tuple[str, ...], saved: frozenset[str]) -> Callable[[]
     return context_fn
 
 
+# TorchTitan's op-level policy saves these ops' outputs (its _save_list: mm, SDPA's flash and efficient
+# kernels, the reduce-scatter, and max for float8's amax), every second mm excepted.
+TORCHTITAN_SAVED_OPS = {_aten.mm.default, _aten._scaled_dot_product_efficient_attention.default,
+                        _aten._scaled_dot_product_flash_attention.default,
+                        torch.ops._c10d_functional.reduce_scatter_tensor.default, _aten.max.default}
+
+
+def torchtitan_op_context_fn() -> tuple:
+    """checkpoint's context_fn for TorchTitan's op-level SAC (torchtitan/models/llama3/infra/parallelize.py,
+    _custom_policy at 6fc499f6f; the same list since 2024): save the outputs of TORCHTITAN_SAVED_OPS
+    except every second mm (the 2nd, 4th, ... of the forward, counted apart in the recomputation), recompute
+    the rest. The runtime does not train with it: it lets tests and benchmarks/saved_tensors.py measure
+    what a block keeps under the torchtitan stack's policy, which the cost model prices
+    (activations.TORCHTITAN_OP_SAC). The attention kernels of this runtime's CPU path stand in for SDPA's
+    flash kernel there."""
+    counts = {False: 0, True: 0}  # mm calls seen, by ctx.is_recompute
+    saved = TORCHTITAN_SAVED_OPS | ATTENTION_OPS
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        if op == _aten.mm.default:
+            counts[ctx.is_recompute] += 1
+            if counts[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def let_sac_pass_profiler_ranges() -> None:
     """Under expert parallelism the routed experts are an FSDP2 unit of their own inside the checkpointed
     block; its hooks open profiler ranges (record_function ops) a different number of times in the

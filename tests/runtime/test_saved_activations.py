@@ -11,6 +11,7 @@ import torch
 
 from meshplan.cost_models.activations import activation_bytes_per_token, convention_of
 from meshplan.cost_models.stacks import TORCHTITAN_OP_POLICY
+from meshplan.runtime.activation_checkpoint import torchtitan_op_context_fn
 from meshplan.runtime.metrics import saved_activations
 from meshplan.runtime.model import Transformer
 from meshplan.specs.registry import resolve_model
@@ -89,25 +90,6 @@ def test_compiled_float8_inventory_matches_what_autograd_saves():
     assert measured < 0.85 * saved_bytes_per_token(torch.bfloat16, compiled=True)
 
 
-def torchtitan_op_policy_context():
-    """TorchTitan's op-level SAC policy (torchtitan/models/llama3/infra/parallelize.py, _custom_policy at
-    6fc499f6f), written out here: save SDPA's outputs and every other linear matmul's (the 1st, 3rd, ...
-    of the forward, counted apart in the recomputation); recompute the rest."""
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-    from meshplan.runtime.activation_checkpoint import ATTENTION_OPS, LINEAR_OPS
-
-    counts = {False: 0, True: 0}
-
-    def policy(ctx, op, *args, **kwargs):
-        if op in LINEAR_OPS:
-            counts[ctx.is_recompute] += 1
-        save = op in ATTENTION_OPS or (op in LINEAR_OPS and counts[ctx.is_recompute] % 2 == 1)
-        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(policy)
-
-
 def selective_block(context_fn, dtype=torch.bfloat16):
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -144,7 +126,7 @@ def test_torchtitan_op_policy_eager_keeps_what_the_inventory_prices():
     """Eager, the policy stores every output it marks MUST_SAVE, w2's (the block's output) among them."""
     priced = activation_bytes_per_token(SPEC, SEQ, 1, False, "selective", TORCHTITAN_OP_POLICY, 2.0,
                                         convention_of("flash", True))
-    measured = eager_selective_bytes_per_token(selective_block(torchtitan_op_policy_context))
+    measured = eager_selective_bytes_per_token(selective_block(torchtitan_op_context_fn))
     assert abs(priced / measured - 1) <= 0.05, (priced, measured)
 
 
@@ -155,9 +137,9 @@ def test_torchtitan_op_policy_compiled_keeps_no_block_output():
     by the block's output, 128 of 720 bytes per token here (2 GiB for Llama 3 8B at 8192 tokens)."""
     priced = activation_bytes_per_token(SPEC, SEQ, 1, False, "selective", TORCHTITAN_OP_POLICY, 2.0,
                                         convention_of("flash", True, compiled=True))
-    measured = compiled_bytes_per_token(selective_block(torchtitan_op_policy_context))
+    measured = compiled_bytes_per_token(selective_block(torchtitan_op_context_fn))
     assert abs(priced / measured - 1) <= 0.05, (priced, measured)
-    eager = eager_selective_bytes_per_token(selective_block(torchtitan_op_policy_context))
+    eager = eager_selective_bytes_per_token(selective_block(torchtitan_op_context_fn))
     assert eager - measured == pytest.approx(block_output_bytes_per_token(), rel=0.05)
 
 
