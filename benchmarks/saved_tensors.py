@@ -6,8 +6,8 @@ hooks, and every tensor autograd saves is listed once per storage (parameters an
 token they add up to beside what cost_models/activations.py prices for the same layout on this
 device's backend. The CPU test (tests/runtime/test_saved_activations.py) does this on gloo's
 kernels; this runs where the product runs. On a CPU torchao's emulated float8 matmul computes in fp32,
-and TorchTitan's policy then saves fp32 copies a GPU's _scaled_mm never makes (1,232 B/token against
-704 priced for tiny-4l at seq 256): that variant means something on a GPU alone.
+and TorchTitan's policy then saves fp32 copies a GPU's _scaled_mm never makes: that variant means
+something on a GPU alone.
 
     python benchmarks/saved_tensors.py --out benchmarks/results    # on a GPU (or CPU, smaller seq)
 """
