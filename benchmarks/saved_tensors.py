@@ -106,18 +106,23 @@ def main() -> int:
             measured, listing = saved_tensors(args.model, seq, v, device)
         except Exception as e:  # a variant this device cannot run: say so, go on
             lines.append(f"| {v.name} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} | | |")
-            continue
-        conv = convention_of("flash", norm_fp32, v.compiled, v.float8)
-        priced = activation_bytes_per_token(spec, seq, 1, False, v.ac, v.sac_ops, 2.0, conv)
-        lines.append(f"| {v.name} | {measured:.0f} | {priced:.0f} | {priced / measured - 1:+.1%} |")
-        detail += [f"## {v.name} ({time.time() - t0:.0f} s)", ""] + [f"- {s}" for s in listing] + [""]
-    text = "\n".join(lines + [""] + detail)
-    print(text)
-    if args.out:
-        out = Path(args.out) / f"saved_tensors-{name.replace(' ', '_')}.md"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
+            measured = None
+        if measured is not None:
+            conv = convention_of("flash", norm_fp32, v.compiled, v.float8)
+            priced = activation_bytes_per_token(spec, seq, 1, False, v.ac, v.sac_ops, 2.0, conv)
+            lines.append(f"| {v.name} | {measured:.0f} | {priced:.0f} | {priced / measured - 1:+.1%} |")
+            detail += [f"## {v.name} ({time.time() - t0:.0f} s)", ""] + [f"- {s}" for s in listing] + [""]
+        if args.out:  # after every variant: a session's time limit may stop the next one
+            write(Path(args.out) / f"saved_tensors-{name.replace(' ', '_')}.md", lines, detail)
+    print("\n".join(lines + [""] + detail))
     return 0
+
+
+def write(out: Path, lines: list[str], detail: list[str]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines + [""] + detail) + "\n")
+    tmp.replace(out)
 
 
 if __name__ == "__main__":
