@@ -276,8 +276,6 @@ def recompute_peak_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: b
     return activation_bytes_per_token(spec, seq_len, tp, sp, "none", None, act_bytes, conv, layer, ep, imbalance)
 
 
-
-
 def recomputed_kinds(ac: str, sac_ops, arch: str, attention_kernel: str = "flash", compiled: bool = False,
                      early_stop: bool = False) -> set[str]:
     """Op kinds whose forward runs again in backward (matmul kinds and the attention core).
