@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
@@ -98,7 +99,9 @@ class LiveTensorMemory(TorchDispatchMode):
         if not isinstance(t, torch.Tensor):
             return
         for plain in plain_tensors(t):
-            if plain.device.type != self.device.type or plain.is_meta:
+            # Meta and fake tensors hold no memory: torch.compile's tracing leaves fake ones alive, whose
+            # sizes may be symbolic (a later `with` would otherwise sum SymInts).
+            if plain.device.type != self.device.type or plain.is_meta or isinstance(plain, FakeTensor):
                 continue
             st = plain.untyped_storage()
             key = st._cdata

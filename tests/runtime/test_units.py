@@ -116,6 +116,26 @@ def test_memory_tracker_counts_live_storages_and_resizes():
     assert mem.peak - base == (1 << 21)
 
 
+def test_memory_tracker_leaves_fake_tensors_out():
+    """Fake tensors (what torch.compile traces with, which it can leave alive) hold no memory: one alive
+    when the tracker starts, with a symbolic size, adds nothing, and the count stays an int. Before they
+    were left out, a compile earlier in the process made a later count a SymInt."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    shape_env = ShapeEnv()
+    with FakeTensorMode(shape_env=shape_env) as mode:
+        size = shape_env.create_unbacked_symint()
+        fake = torch.empty(size * 64)
+    assert isinstance(fake.untyped_storage().nbytes(), torch.SymInt) and mode is not None
+    mem = LiveTensorMemory(torch.device("cpu"))
+    with mem:
+        base = mem.current()
+        real = torch.empty(1 << 18)  # 1 MiB
+    assert type(mem.peak) is int and mem.peak - base == (1 << 20)
+    del fake, real
+
+
 def test_compiled_code_runs_uncompiled_under_the_memory_tracker():
     """Why runtime/train.py does not count live tensors of compiled plans: under a dispatch mode dynamo
     runs a compiled function op by op, uncompiled (inductor would fuse sin, cos and mul into one
