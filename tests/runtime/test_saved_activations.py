@@ -15,6 +15,7 @@ from meshplan.runtime.activation_checkpoint import torchtitan_op_context_fn
 from meshplan.runtime.metrics import saved_activations
 from meshplan.runtime.model import Transformer
 from meshplan.specs.registry import resolve_model
+from kept import kept_after_forward
 
 SPEC = resolve_model("tiny-4l")
 BATCH, SEQ = 8, 256
@@ -98,17 +99,10 @@ def selective_block(context_fn, dtype=torch.bfloat16):
 
 
 def eager_selective_bytes_per_token(run) -> float:
-    """What eager selective checkpointing holds after `run`'s forward, per token: its input, which the
-    checkpoint keeps, and the outputs its policy stored (seen as live storages, not through saved-tensor
-    hooks, which the checkpoint's own hooks replace)."""
-    from meshplan.runtime.metrics import LiveTensorMemory
-
-    x = torch.randn(BATCH, SEQ, SPEC.dim, dtype=torch.bfloat16, requires_grad=True)
-    with LiveTensorMemory(torch.device("cpu")) as mem:
-        before = mem.current()
-        out = run(x)
-        held = mem.current() - before - out.untyped_storage().nbytes()
-    return (held + x.untyped_storage().nbytes()) / (BATCH * SEQ)
+    """What eager selective checkpointing holds after `run`'s forward, per token, seen as live storages
+    (the checkpoint's own hooks replace saved-tensor hooks): the new storages, its output among them,
+    which weighs what its input does, the one thing the checkpoint keeps that was alive before."""
+    return kept_after_forward(run, BATCH, SEQ, SPEC.dim, torch.bfloat16) / (BATCH * SEQ)
 
 
 def compiled_bytes_per_token(run) -> float:
