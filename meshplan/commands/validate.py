@@ -64,6 +64,8 @@ def main(argv: list[str]) -> int:
             "memory_mape": sum(abs(r["memory_error"]) for r in mem) / len(mem) if mem else None,
             "memory_max_abs_error": max((abs(r["memory_error"]) for r in mem), default=None),
             "skipped": [r for r in rows if "skipped" in r],
+            "runs": sum("fits" in r for r in done),
+            "priced_over_memory": sum(r.get("fits") is False for r in done),
         }
     if args.json:
         print(json.dumps({"rows": results, "summary": summary, "used_elsewhere": USED_ELSEWHERE}, indent=2))
@@ -78,6 +80,7 @@ def main(argv: list[str]) -> int:
                 print(f"{r['label']:<92} left out: {r['skipped']}")
                 continue
             line = f"{r['label'][:92]:<92} {r['published']:>10.1f} {r['predicted']:>10.1f} {r['error']:>+7.1%}"
+            line += "  over memory" if r.get("fits") is False else ""
             if "memory_error" in r:
                 line += f"   {r['published_memory_gib']:>7.1f} {r['predicted_memory_gib']:>6.1f} {r['memory_error']:>+7.1%}"
             print(line)
@@ -89,6 +92,8 @@ def main(argv: list[str]) -> int:
         if s["memory_rows"]:
             line += f"; memory: mean {s['memory_mape']:.1%}, max {s['memory_max_abs_error']:.1%} over {s['memory_rows']} rows"
         print(line)
+        if s["runs"]:
+            print(f"runs priced over their GPUs' memory: {s['priced_over_memory']} of {s['runs']}")
     print("\n== Published tables that are not runs or collectives")
     for name, use in USED_ELSEWHERE.items():
         print(f"{name:<50} {use}")

@@ -262,7 +262,8 @@ def stage_inputs(lay: Layout, prof: ClusterProfile, order: tuple[str, ...] = DEF
     bt = cache.get(key)
     if bt is None:
         bt = cache[key] = block_times(lay, prof, spans)
-    hkey = ("head", lay.spec, lay.tokens_per_micro, lay.tp, lay.dtype, lay.loss_compiled, lay.loss_kernel)
+    hkey = ("head", lay.spec, lay.tokens_per_micro, lay.tp, lay.dtype, lay.loss_compiled, lay.loss_kernel,
+            lay.metric_losses)
     he = cache.get(hkey)
     if he is None:
         he = cache[hkey] = (head_time(lay, prof), embedding_time(lay, prof))

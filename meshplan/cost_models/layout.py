@@ -146,9 +146,17 @@ class Layout:
     # The cross-entropy kernel where the loss runs eager: pytorch (the upcast, log-softmax and gather as
     # separate ops; Megatron-Core's unfused and "native" fused losses, which materialize fp32 logits alike,
     # move about as much) | te (Transformer Engine's fused Triton cross-entropy, in place over the logits:
-    # Megatron-Core's cross_entropy_fusion_impl "te", which Megatron-Bridge's performance scripts set).
+    # Megatron-Core's cross_entropy_fusion_impl "te", which Megatron-Bridge's performance scripts set) |
+    # xentropy (flash-attn's CUDA cross-entropy, apex's xentropy kernel in the compute dtype, its gradient
+    # in a new logits-sized buffer: llm-foundry's MPT loss_fn default "fused_crossentropy").
     # timing.loss_times and memory.loss_buffer_bytes price it.
     loss_kernel: str = "pytorch"
+    # Eager cross-entropies the trainer runs over each micro-batch's logits after its backward, forward
+    # only, for its training metrics: Composer (0.14-0.17, Trainer._train_microbatch -> _eval_train_metrics)
+    # updates every train metric at every micro-batch, and llm-foundry's MPT has two (LanguageCrossEntropy,
+    # LanguagePerplexity: torch.nn.CrossEntropyLoss under autocast, the fp32 upcast and log-softmax) unless
+    # use_train_metrics is set false. timing.head_time and memory.training_metric_memory price them.
+    metric_losses: int = 0
     # Whether tensors live in CUDA's caching allocator, whose per-stream pools keep FSDP2's freed gradients
     # reserved (memory.rank_memory); runtime_paths() sets it from the backend (not on gloo's CPU ranks).
     caching_allocator: bool = True

@@ -217,6 +217,22 @@ def optimizer_step_memory(lay: Layout, rank: int, overheads: Overheads) -> RankM
     return mem
 
 
+def training_metric_memory(lay: Layout, rank: int, overheads: Overheads) -> RankMemory | None:
+    """The last stage's memory while the trainer's metric losses run (Layout.metric_losses), after the
+    backward: model states, every gradient, and one metric's buffers at a time over the still-held logits
+    (the fp32 upcast and its log-softmax beside the compute-dtype logits); no activations. None where no
+    metric runs on this rank."""
+    b = _rank_basis(lay, rank)
+    if lay.metric_losses == 0 or not b.sp.head:
+        return None
+    mem = RankMemory(rank)
+    mem.parts["params"], mem.parts["grads"], mem.parts["optimizer"] = b.state
+    mem.parts["fsdp_buffers"] = b.fsdp_buffers
+    mem.parts["transient"] = logit_count(lay) * (lay.act_bytes + 8.0)
+    mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * mem.total
+    return mem
+
+
 def fragmentation(lay: Layout, overheads: Overheads) -> float:
     """The caching allocator's slack on live tensors (reserved / allocated - 1 at the peak)."""
     return getattr(overheads, fragmentation_field(lay, overheads))
@@ -292,7 +308,9 @@ def peak_rank_memory(lay: Layout, rank: int, phases, overheads: Overheads) -> Ra
     gradient accumulators, d = 1 once the last stage's losses are all backpropagated; None where never
     entered."""
     during = (phase_memory(lay, rank, i, p, overheads) for i, p in heaviest_phases(enumerate(phases)))
-    return max((*during, optimizer_step_memory(lay, rank, overheads)), key=lambda m: m.total)
+    after = (m for m in (training_metric_memory(lay, rank, overheads), optimizer_step_memory(lay, rank, overheads))
+             if m is not None)
+    return max((*during, *after), key=lambda m: m.total)
 
 
 def heaviest_phases(indexed) -> list[tuple[int, tuple[float, float, float]]]:
@@ -361,8 +379,9 @@ def loss_saved_bytes(lay: Layout) -> float:
     the logits (the stage output the schedule caches for the backward), the log-softmax result the
     cross-entropy saves (fp32; a compiled loss saves per-token statistics instead, negligible), and the
     final norm output the head matmul saved. Transformer Engine's fused loss (Layout.loss_kernel "te")
-    writes the logits' gradient over them in its forward and keeps that alone."""
-    if lay.loss_compiled or lay.loss_kernel == "te":
+    writes the logits' gradient over them in its forward and keeps that alone; flash-attn's (loss_kernel
+    "xentropy") keeps the logits and a per-token fp32 log-sum-exp."""
+    if lay.loss_compiled or lay.loss_kernel in ("te", "xentropy"):
         per = lay.act_bytes
     else:
         per = lay.act_bytes + 4.0 if lay.act_bytes < 4 else 8.0
@@ -378,11 +397,13 @@ def loss_buffer_bytes(lay: Layout) -> float:
     14 bytes per logit in bf16, 16 in fp32 (tests/runtime/test_saved_activations.py). Compiled
     (Layout.loss_compiled), the logits and their gradient in the compute dtype alone, measured the same way.
     Transformer Engine's fused loss (Layout.loss_kernel "te") computes the gradient into the logits' own
-    storage and scales it there in backward (timing.TE_LOSS_BYTES): the logits alone.
+    storage and scales it there in backward (timing.TE_LOSS_BYTES): the logits alone. flash-attn's
+    (loss_kernel "xentropy", not in place as llm-foundry builds it) writes the gradient into a new buffer in
+    the compute dtype: the logits and their gradient, as compiled.
     """
     if lay.loss_kernel == "te":
         return logit_count(lay) * lay.act_bytes + head_input_bytes(lay)
-    if lay.loss_compiled:
+    if lay.loss_compiled or lay.loss_kernel == "xentropy":
         return logit_count(lay) * 2 * lay.act_bytes + head_input_bytes(lay)
     per = lay.act_bytes + 12.0
     if lay.tp > 1:

@@ -541,9 +541,14 @@ FSDP1_PAGE_PROFILES = {"h100_80gb": "h100-80g-dgx", "a100_80gb": "a100-80g-dgx"}
 # What Composer's FSDP (PyTorch FSDP1) and MPT ran that the plan file cannot say: eager LayerNorm in
 # bf16 (submit_benchmarks.py sets norm_type low_precision_layernorm), FlashAttention in Triton (the
 # attn_impl default of submit_benchmarks.py when the tables were run, b2a43a147 and 5e85bd62d: "triton";
-# it became "flash" at 495218376, after them), no torch.compile, the loss eager.
+# it became "flash" at 495218376, after them), no torch.compile, the loss eager and flash-attn's fused
+# cross-entropy: ComposerMPTCausalLM's loss_fn defaults to "fused_crossentropy" (flash_attn.losses.
+# cross_entropy.CrossEntropyLoss, not in place) from fccd16efa (2023-03), no pretrain yaml sets another, and
+# submit_benchmarks.py installs the `.[gpu]` extras, which pin its xentropy-cuda-lib (setup.py at b2a43a147);
+# and after each micro-batch's backward Composer's two MPT train metrics (Layout.metric_losses; MPT's
+# use_train_metrics defaults true, no pretrain yaml sets it).
 LLMFOUNDRY_OVERRIDES = {"attention_kernel": "triton", "elementwise_kernels": "pytorch", "compiles_loss": False,
-                        "fsdp_copies": False}
+                        "fsdp_copies": False, "loss_kernel": "xentropy", "metric_losses": 2}
 
 
 def mpt_spec(size: str, seq_len: int) -> ModelSpec:

@@ -675,18 +675,26 @@ class HeadTime:
 #   them again and writes the gradient over them in place; backward, element_mul_kernel reads and writes it
 #   once more (Megatron-Core hands it a per-token loss gradient, not the 1.0 it skips). v2.18 (01bbe3eea,
 #   2026-07) keeps that gradient in fp32 instead, after every row priced with it.
+# - flash-attn's CUDA cross-entropy (Layout.loss_kernel "xentropy"; csrc/xentropy/xentropy_kernel.cu at
+#   v1.0.9, apex's kernel made to run bf16): cunn_SoftMaxXEntropyForward reads each logit twice (ilpReduce for
+#   the max, then for the sum of exponentials) and writes fp32 per token only; backward reads the logits once
+#   and writes their gradient into a new buffer (inplace false, flash_attn/losses/cross_entropy.py's default).
+#   In logits of the compute dtype, so in units of it.
 COMPILED_LOSS_BYTES = (4.0, 4.0)
 TE_LOSS_BYTES = (6.0, 4.0)
+XENTROPY_LOSS_PASSES = (2.0, 2.0)
 
 
 def loss_times(lay: Layout, prof: ClusterProfile, logits: float) -> tuple[float, float]:
     """(forward, backward) seconds of the cross-entropy over `logits` logits, memory-bound, as the stack runs it:
     eager PyTorch's upcast, log-softmax and gather (about constants.MODEL.loss_passes passes over fp32 logits each
     way; compiled, shrunk by compile_speedup where forms.py compiled_loss says "speedup" or on a CPU profile,
-    whose calibrated terms carry its compiled loss), Inductor's fused kernels, or Transformer Engine's."""
+    whose calibrated terms carry its compiled loss), Inductor's fused kernels, Transformer Engine's or flash-attn's."""
     dev = prof.device
     if lay.loss_kernel == "te":
         per = TE_LOSS_BYTES
+    elif lay.loss_kernel == "xentropy":
+        per = (XENTROPY_LOSS_PASSES[0] * lay.act_bytes, XENTROPY_LOSS_PASSES[1] * lay.act_bytes)
     elif lay.loss_compiled and runs_nccl(prof) and forms.FORMS.compiled_loss == "fused":
         per = COMPILED_LOSS_BYTES
     else:
@@ -701,8 +709,11 @@ def head_time(lay: Layout, prof: ClusterProfile) -> HeadTime:
     T = lay.tokens_per_micro
     mm = logits_matmul(lay.spec, lay.tp)
     fwd_mm = matmul_time(dev, T, mm.n, mm.k, lay.dtype) / prof.overheads.kernel_efficiency
-    loss_fwd, loss_bwd = loss_times(lay, prof, T * lay.spec.vocab_size / lay.tp)
-    fwd, bwd = fwd_mm + loss_fwd, 2 * fwd_mm + loss_bwd
+    logits = T * lay.spec.vocab_size / lay.tp
+    loss_fwd, loss_bwd = loss_times(lay, prof, logits)
+    # The trainer's metric losses run after the backward, one eager forward each (Layout.metric_losses).
+    metrics = lay.metric_losses * memory_bound_time(dev, logits * constants.MODEL.loss_passes * 4)
+    fwd, bwd = fwd_mm + loss_fwd, 2 * fwd_mm + loss_bwd + metrics
     host_f, host_b = head_host(lay)
     o = prof.overheads
     return HeadTime(fwd + host_added(lay, fwd, host_f.seconds(o)), bwd + host_added(lay, bwd, host_b.seconds(o)))

@@ -73,6 +73,9 @@ def validation_results() -> list[dict]:
         value, est, _ = predict(row)
         rec = {"table": row.table, "label": row.label, "metric": row.metric, "published": row.published,
                "predicted": value, "error": value / row.published - 1}
+        if est is not None:
+            # Every row is a run that completed: one the model prices over its GPUs' memory is a miss too.
+            rec["fits"] = est.fits
         if row.published_memory_gib is not None:
             rec.update(published_memory_gib=row.published_memory_gib, predicted_memory_gib=est.reserved_peak_gib,
                        memory_error=est.reserved_peak_gib / row.published_memory_gib - 1)

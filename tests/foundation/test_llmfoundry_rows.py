@@ -92,3 +92,15 @@ def test_mpt_attention_runs_the_triton_kernel_at_the_papers_ratio_to_flashattent
     assert triton.matmul_by_kind == flash.matmul_by_kind
     assert (triton.elementwise_forward, triton.elementwise_backward) == (flash.elementwise_forward,
                                                                          flash.elementwise_backward)
+
+
+def test_every_scored_run_fits_its_gpu():
+    """Each row is a run that completed on 80 GB GPUs, at the largest micro-batch the page's sweep found to
+    fit: the model must not price any of them over the GPU's memory. Before flash-attn's loss and the
+    metric phase were priced (eager fp32 cross-entropy buffers, 14 bytes a logit at the backward's start),
+    35 of the 131 did not fit."""
+    from meshplan.cost_models.validate import predict
+
+    scored = [r for r in llmfoundry_rows() if not r.skipped]
+    over = [r.label for r in scored if not predict(r)[1].fits]
+    assert len(scored) == 131 and over == []

@@ -1,8 +1,10 @@
 """The cross-entropy each stack runs, priced by the bytes its kernels move (timing.loss_times): eager
 PyTorch's upcast and log-softmax (about loss_passes x 4 bytes a logit each way), Inductor's compiled loss
 (4 and 4, forms.py compiled_loss "fused"; tests/runtime/test_compiled_loss_bytes.py counts them on Inductor),
-and Transformer Engine's fused Triton loss in place over the bf16 logits (6 forward: two reads and the
-gradient written; 4 backward: the gradient scaled in place). Checked by hand against the memory-bound rate."""
+Transformer Engine's fused Triton loss in place over the bf16 logits (6 forward: two reads and the
+gradient written; 4 backward: the gradient scaled in place), and flash-attn's CUDA cross-entropy (4 forward:
+two reads; 4 backward: one read, the gradient written to a new buffer). A trainer's metric losses (Composer's)
+add an eager forward each after the backward. Checked by hand against the memory-bound rate."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import pytest
 
 from meshplan.cost_models import constants, forms
 from meshplan.cost_models.layout import Layout
-from meshplan.cost_models.memory import head_input_bytes, loss_buffer_bytes, loss_saved_bytes
+from meshplan.cost_models.memory import (ONE_RANK_PHASES, head_input_bytes, loss_buffer_bytes, loss_saved_bytes,
+                                         peak_rank_memory, training_metric_memory)
 from meshplan.cost_models.timing import head_time, loss_times
 from meshplan.profiles.registry import load_profile
 from layout_base import fsdp8_layout
@@ -74,3 +77,40 @@ def test_transformer_engine_loss_reads_twice_and_writes_once_forward_scales_in_p
     assert loss_buffer_bytes(lay) == pytest.approx(2 * logits + head_input_bytes(lay), rel=1e-12)
     assert loss_saved_bytes(lay) == pytest.approx(2 * logits + head_input_bytes(lay), rel=1e-12)
     assert loss_buffer_bytes(_layout()) > 7 * logits  # eager: fp32 log-softmax and gradients besides
+
+
+def test_flash_attn_loss_reads_twice_forward_reads_and_writes_once_backward():
+    lay = _layout(loss_kernel="xentropy")
+    fwd, bwd = loss_times(lay, GPU, LOGITS)
+    assert fwd == pytest.approx((2 + 2) * LOGITS * _seconds_per_byte(GPU), rel=1e-12)
+    assert bwd == pytest.approx((2 + 2) * LOGITS * _seconds_per_byte(GPU), rel=1e-12)
+    # Not in place: the bf16 logits and their bf16 gradient at the backward's peak; the logits alone saved.
+    logits = 2 * 4096 * lay.spec.vocab_size
+    assert loss_buffer_bytes(lay) == pytest.approx(4 * logits + head_input_bytes(lay), rel=1e-12)
+    assert loss_saved_bytes(lay) == pytest.approx(2 * logits + head_input_bytes(lay), rel=1e-12)
+
+
+def test_metric_losses_add_an_eager_forward_each_after_the_backward():
+    """Two metric losses: the head's backward grows by two eager forward passes over the logits
+    (loss_passes x 4 bytes each), its forward not at all."""
+    base, metered = _layout(loss_kernel="xentropy"), _layout(loss_kernel="xentropy", metric_losses=2)
+    logits = 2 * 4096 * base.spec.vocab_size
+    one = logits * constants.MODEL.loss_passes * 4 * _seconds_per_byte(GPU)
+    a, b = head_time(base, GPU), head_time(metered, GPU)
+    assert b.forward == a.forward
+    assert b.backward - a.backward == pytest.approx(2 * one, rel=1e-9)
+
+
+def test_metric_losses_phase_holds_states_and_one_metrics_fp32_buffers():
+    """After the backward: no activations, the model states, and over the bf16 logits one metric's fp32
+    upcast and log-softmax (2 + 4 + 4 bytes a logit); with a vocabulary this much wider than the model's
+    few layers' activations, that phase is the step's peak."""
+    lay = _layout(model="llama3-8b", loss_kernel="xentropy", metric_losses=2, ac="full")
+    mem = training_metric_memory(lay, 0, GPU.overheads)
+    logits = 2 * 4096 * lay.spec.vocab_size
+    assert mem.parts["transient"] == pytest.approx(10 * logits, rel=1e-12)
+    assert "activations" not in mem.parts
+    assert training_metric_memory(_layout(loss_kernel="xentropy"), 0, GPU.overheads) is None
+    # Full AC keeps one block input a layer: the metrics' 10 bytes a logit outweigh the step's other phases.
+    peak = peak_rank_memory(lay, 0, ONE_RANK_PHASES[0], GPU.overheads)
+    assert peak.total == pytest.approx(mem.total, rel=1e-12)
