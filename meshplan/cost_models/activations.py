@@ -56,6 +56,20 @@ class Convention:
     # hooks (benchmarks/saved_tensors.py, emulated on CPU) and in the H200 runs' peaks: a float8 block
     # without AC allocates what the default selective set keeps (benchmarks/results/gpu_truth-*).
     float8: bool = False
+    # Megatron-Core's Transformer Engine modules (the megatron-core stack's cuDNN attention, fused norms and
+    # activations): each fused norm keeps its input, the fused SwiGLU its input alone (bias_swiglu /
+    # weighted_bias_swiglu), and the attention's output is the output projection's input, no copy. Under an
+    # fp8 recipe (float8) every linear keeps its input quantized, column-wise data only, for its weight
+    # gradient (TE_QUANTIZED_BYTES). The experts apply the router's probabilities inside their activation
+    # (experts.py TEGroupedMLP, since 2659630721, 2025-04), so the combine weighs nothing and keeps nothing.
+    te: bool = False
+
+
+# What Transformer Engine keeps of a linear's input under an fp8 recipe, bytes an element: the column-wise
+# fp8 data and, for MXFP8, one E8M0 scale per 32 elements; the row-wise copy is discarded after the forward
+# GEMM (module/linear.py and grouped_linear.py at v2.8: "Discard row-wise data since it is not needed in
+# backward pass"; layernorm_linear.py alike for the norm's output).
+TE_QUANTIZED_BYTES = 1.0 + 1.0 / 32
 
 
 PYTORCH = Convention()
@@ -63,10 +77,13 @@ MEGATRON = Convention(attention="eager", dropout=True, sp_regathers=True)
 
 
 def convention_of(attention_kernel: str, norm_fp32: bool = False, compiled: bool = False,
-                  float8: bool = False) -> Convention:
-    """A layout's convention: eager attention is Megatron-LM's (the only system modelled with it)."""
+                  float8: bool = False, te: bool = False) -> Convention:
+    """A layout's convention: eager attention is Megatron-LM's (the only system modelled with it); `te`,
+    Megatron-Core's Transformer Engine modules (compiled or not: their kernels are their own)."""
     if attention_kernel == "eager":
         return MEGATRON
+    if te:
+        return Convention(float8=float8, te=True)
     if compiled:
         return Convention(compiled=True, float8=float8)
     return Convention(norm_fp32=True) if norm_fp32 else PYTORCH
@@ -88,14 +105,15 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH, lay
     # A norm's input is what its backward keeps (fused kernel); the fp32 composite keeps fp32 copies instead.
     norm_in_kept = not conv.norm_fp32
     cast_recomputed = conv.compiled and conv.float8  # linear inputs recomputed for the float8 casts
+    lin = TE_QUANTIZED_BYTES if conv.te and conv.float8 else None  # a linear's own saved input
     t = [ActivationTensor("block_in", "other", d, "sp", no_ac_saved=norm_in_kept),
-         ActivationTensor("attn_norm_out", "other", d, "gathered", no_ac_saved=not cast_recomputed)]
+         ActivationTensor("attn_norm_out", "other", d, "gathered", lin, no_ac_saved=not cast_recomputed)]
     if conv.norm_fp32:
         t += [ActivationTensor("attn_norm_fp32", "other", 2 * d, "sp", 4.0)]
     if spec.mla is not None:
         # MLA's up-projections save their latent inputs (normed): the query and the key/value bottlenecks.
-        t += [ActivationTensor("q_latent", "other", spec.mla.q_lora_rank, "gathered"),
-              ActivationTensor("kv_latent", "other", spec.mla.kv_lora_rank, "gathered")]
+        t += [ActivationTensor("q_latent", "other", spec.mla.q_lora_rank, "gathered", lin),
+              ActivationTensor("kv_latent", "other", spec.mla.kv_lora_rank, "gathered", lin)]
     # Qwen3's per-head q/k RMSNorms keep their inputs, the q and k projections' outputs (the fp32
     # composite: fp32 copies instead, as the block norms).
     qk_norm_kept = spec.qk_norm and norm_in_kept
@@ -116,23 +134,29 @@ def block_tensors(spec: ModelSpec, seq_len: int, conv: Convention = PYTORCH, lay
     if conv.attention == "flash":
         # The output projection saves its own input: the (batch, seq, heads*dim) contiguous copy of
         # the attention output, next to the (batch, heads, seq, dim) output SDPA keeps.
-        t += [ActivationTensor("attn_out_in", "other", o, "tp", no_ac_saved=not cast_recomputed)]
+        # Transformer Engine's attention writes the projection's layout itself: only fp8's quantized copy.
+        copied = not conv.te or conv.float8
+        t += [ActivationTensor("attn_out_in", "other", o, "tp", lin, no_ac_saved=copied and not cast_recomputed)]
     t += [ActivationTensor("attn_out_mm", "attn_out", d, "none", no_ac_saved=False),
           ActivationTensor("attn_out_rs", "attn_out", d, "sp", no_ac_saved=False)]
     if conv.dropout:
         t += [ActivationTensor("attn_resid_dropout_mask", "other", d, "sp", 1.0)]
+    # Before an MoE layer the norm is a module of its own, its output the router's bf16 input; a dense
+    # MLP's fc1 fuses it (LayerNormLinear) and keeps it as a linear's input.
     t += [ActivationTensor("ffn_norm_in", "other", d, "sp",
                            no_ac_saved=norm_in_kept and (cast_recomputed or not conv.compiled)),
-          ActivationTensor("ffn_norm_out", "other", d, "gathered", no_ac_saved=not cast_recomputed)]
+          ActivationTensor("ffn_norm_out", "other", d, "gathered", None if spec.is_moe_layer(layer) else lin,
+                           no_ac_saved=not cast_recomputed)]
     if conv.norm_fp32:
         t += [ActivationTensor("ffn_norm_fp32", "other", 2 * d, "sp", 4.0)]
     if spec.is_moe_layer(layer):
-        return t + moe_tensors(spec, ep, imbalance) + [ActivationTensor("ffn_out_rs", "ffn_out", d, "sp", no_ac_saved=False)]
+        return t + moe_tensors(spec, ep, imbalance, lin, conv.te) + [
+            ActivationTensor("ffn_out_rs", "ffn_out", d, "sp", no_ac_saved=False)]
     f = spec.ffn_dim
     if spec.arch == "llama":
         t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_in_1", "ffn_in", f, "tp"),
-              ActivationTensor("ffn_act", "other", f, "tp", no_ac_saved=not conv.compiled),
-              ActivationTensor("ffn_gated", "other", f, "tp", no_ac_saved=not cast_recomputed)]
+              ActivationTensor("ffn_act", "other", f, "tp", no_ac_saved=not (conv.compiled or conv.te)),
+              ActivationTensor("ffn_gated", "other", f, "tp", lin, no_ac_saved=not cast_recomputed)]
     else:
         t += [ActivationTensor("ffn_in_0", "ffn_in", f, "tp"), ActivationTensor("ffn_act", "other", f, "tp")]
     t += [ActivationTensor("ffn_out_mm", "ffn_out", d, "none", no_ac_saved=False),

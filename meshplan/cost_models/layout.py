@@ -157,6 +157,10 @@ class Layout:
     # LanguagePerplexity: torch.nn.CrossEntropyLoss under autocast, the fp32 upcast and log-softmax) unless
     # use_train_metrics is set false. timing.head_time and memory.training_metric_memory price them.
     metric_losses: int = 0
+    # Whether gradients accumulate in place in one buffer allocated with the model (Megatron-Core's
+    # distributed optimizer), not in tensors each micro-batch allocates and frees (FSDP2): the allocator slack
+    # fitted on FSDP2's accumulation under pipelining (memory.fragmentation_field) does not apply.
+    contiguous_grads: bool = False
     # Whether tensors live in CUDA's caching allocator, whose per-stream pools keep FSDP2's freed gradients
     # reserved (memory.rank_memory); runtime_paths() sets it from the backend (not on gloo's CPU ranks).
     caching_allocator: bool = True

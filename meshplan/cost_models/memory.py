@@ -182,10 +182,12 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
         held = mem.parts["activations"] + mem.parts["transient"] + mem.parts.get("losses", 0.0)
         gone = min(mem.parts["grads"], held)
         mem.parts["grads"] -= gone
-        if lay.caching_allocator and uses_fully_shard(lay.fsdp_shard, lay.dp_replicate, lay.dtype):
+        if (lay.caching_allocator and uses_fully_shard(lay.fsdp_shard, lay.dp_replicate, lay.dtype)
+                and not lay.contiguous_grads):
             # FSDP2 allocates the sharded gradients on its reduce-scatter stream, and the caching
             # allocator keeps a stream's freed blocks for that stream: the previous step's gradients
-            # stay reserved, and the activations cannot use them.
+            # stay reserved, and the activations cannot use them. A stack whose gradients live in one
+            # buffer allocated with the model frees none.
             stranded = gone
     live = mem.total
     mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * live + stranded
@@ -239,15 +241,17 @@ def fragmentation(lay: Layout, overheads: Overheads) -> float:
 
 
 def fragmentation_field(lay: Layout, overheads: Overheads) -> str:
-    """Which of the profile's overheads prices this layout's allocator slack."""
-    if overheads.pp_memory_fragmentation is not None and pp_accumulates(lay):
+    """Which of the profile's overheads prices this layout's allocator slack: the pipelined one where FSDP2
+    accumulates gradients across a pipeline's micro-batches, the one it was fitted on (TorchTitan's)."""
+    if overheads.pp_memory_fragmentation is not None and pp_accumulates(lay) and not lay.contiguous_grads:
         return "pp_memory_fragmentation"
     return "memory_fragmentation"
 
 
 def _convention(lay: Layout) -> Convention:
     """Which tensors a block keeps on this layout's kernels (eager or compiled, fused or composite norm)."""
-    return convention_of(lay.attention_kernel, lay.norm_fp32, lay.compile, lay.float8)
+    return convention_of(lay.attention_kernel, lay.norm_fp32, lay.compile, lay.float8,
+                         te=lay.elementwise_kernels == "megatron")
 
 
 def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:

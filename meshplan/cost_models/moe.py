@@ -132,26 +132,36 @@ def rank_block_params(spec: ModelSpec, layer: int, tp: int, ep: int) -> tuple[fl
     return (spec.block_params(layer) - routed) / tp + local_routed, local_routed
 
 
-def moe_tensors(spec: ModelSpec, ep: int, imbalance: float) -> list[ActivationTensor]:
+def moe_tensors(spec: ModelSpec, ep: int, imbalance: float, linear_input_bytes: float | None = None,
+                probs_in_activation: bool = False) -> list[ActivationTensor]:
     """What an MoE layer keeps for backward, per token of the micro-batch on one rank, in place of the
     dense MLP's: the router's logits and scores (fp32), the dispatched tokens in expert order, each local
     expert's gate and up outputs, SwiGLU product and down output over the pairs it runs, and the shared
     experts like a dense MLP of their width. Routed tensors are per pair: top_k pairs per dispatched
     token, scaled by the busiest rank's imbalance; under EP a rank dispatches its tp-th of the tokens
-    (shard "tp"), without EP each TP rank runs every token through its width slice."""
+    (shard "tp"), without EP each TP rank runs every token through its width slice.
+
+    `linear_input_bytes`: what the expert linears keep of their inputs an element (None: the activation
+    dtype; Transformer Engine's quantized copies under fp8, activations.TE_QUANTIZED_BYTES).
+    `probs_in_activation`: the experts weigh their activation by the router's probabilities (Megatron-Core)
+    and keep those (fp32, one a pair) in place of their outputs, which the combine then only sums."""
     moe = spec.moe
     d, f, k = spec.dim, moe.expert_ffn_dim, pairs_per_token(spec, ep, imbalance)
     token_shard = "tp" if ep > 1 else "gathered"
+    lin = linear_input_bytes
     t = [ActivationTensor("router_scores", "other", 2 * moe.experts, "gathered", 4.0),
-         ActivationTensor("routed_in", "other", k * d, token_shard),
+         ActivationTensor("routed_in", "other", k * d, token_shard, lin),
          ActivationTensor("expert_in_0", "ffn_in", k * f, "tp"), ActivationTensor("expert_in_1", "ffn_in", k * f, "tp"),
-         ActivationTensor("expert_gated", "other", k * f, "tp"),
-         # The combine weighs each expert output by its router score: the score's gradient needs the output.
-         ActivationTensor("expert_out_mm", "ffn_out", k * d, token_shard)]
+         ActivationTensor("expert_gated", "other", k * f, "tp", lin)]
+    if probs_in_activation:
+        t += [ActivationTensor("expert_probs", "other", k, token_shard, 4.0)]
+    else:
+        # The combine weighs each expert output by its router score: the score's gradient needs the output.
+        t += [ActivationTensor("expert_out_mm", "ffn_out", k * d, token_shard)]
     if moe.shared_experts:
         s = moe.shared_experts * f
         t += [ActivationTensor("shared_in_0", "ffn_in", s, "tp"), ActivationTensor("shared_in_1", "ffn_in", s, "tp"),
-              ActivationTensor("shared_gated", "other", s, "tp")]
+              ActivationTensor("shared_gated", "other", s, "tp", lin)]
     return t
 
 

@@ -49,6 +49,7 @@ class Stack:
     rope_complex: bool = False  # Layout.rope_complex: RoPE as a complex multiply, which Inductor leaves eager
     float8_weight_cache: bool = False  # Layout.float8_weight_cache: float8 weights cast once a step
     fsdp_embedding_unit: bool = False  # Layout.fsdp_embedding_unit: the embedding a fully_shard unit of its own
+    contiguous_grads: bool = False  # Layout.contiguous_grads: gradients accumulate in one preallocated buffer
     # Whether selective AC recomputes named modules (MegatronRecompute, the plan's memory.recompute_modules)
     # rather than saving op kinds (memory.sac_ops)
     recomputes_modules: bool = False
@@ -151,12 +152,21 @@ STACKS: dict[str, Stack] = {
          "micro-batch under an fp8 recipe (pipeline_parallel/schedules.py, transformer/module.py: 'TE modules will "
          "update their fp8 parameter cache'), and Transformer Engine's linear and grouped linear layers quantize "
          "their weights only when is_first_microbatch is set, reusing the cached copies after "
-         "(extensions/transformer_engine.py forward(..., is_first_microbatch); Megatron-LM d98e8a6)"),
+         "(extensions/transformer_engine.py forward(..., is_first_microbatch); Megatron-LM d98e8a6)",
+         "gradients accumulated in place in one fp32 buffer allocated with the model (distributed/"
+         "param_and_grad_buffer.py; Transformer Engine's weight-gradient GEMMs add into main_grad under "
+         "gradient_accumulation_fusion), so no micro-batch allocates gradients: the allocator slack FSDP2's "
+         "accumulation under pipelining leaves (overheads.pp_memory_fragmentation) is not priced",
+         "Transformer Engine's modules keep what their fused kernels need (activations.Convention te): a fused "
+         "norm its input, the fused SwiGLU its input alone, under an fp8 recipe each linear its input quantized, "
+         "column-wise only (module/linear.py, grouped_linear.py at v2.8); the experts weigh their activation by the "
+         "router's probabilities and keep no output for the combine (experts.py, since 2659630721)"),
         elementwise_kernels="megatron", dp_overlap="buckets", fsdp_copies=False, checkpoint_early_stop=False,
         fsdp_one_rank=False,
         host_counted=False,
         optimizer_foreach=False, moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True,
-        attention_kernel="cudnn", pp_recv_up_front=False, recomputes_modules=True, float8_weight_cache=True),
+        attention_kernel="cudnn", pp_recv_up_front=False, recomputes_modules=True, float8_weight_cache=True,
+        contiguous_grads=True),
 }
 
 
