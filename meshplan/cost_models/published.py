@@ -147,10 +147,12 @@ def megatron_rows() -> list[PublishedRow]:
 # Megatron-LM of 2021-22 ran its local DDP (--DDP-impl local, the default): train_step all-reduces the
 # gradients after forward_backward_func returns, nothing overlapped (megatron/training.py, "All-reduce if
 # needed"), and stepped Apex's FusedAdam (megatron/optimizer/__init__.py: `from apex.optimizers import
-# FusedAdam as Adam`), scaling gradients only where their norm passes clip_grad: the fused count.
+# FusedAdam as Adam`), scaling gradients only where their norm passes clip_grad: the fused count. Its pipeline
+# allocates each receive buffer when the transfer is posted (megatron/p2p_communication.py _communicate at
+# v2.6, 2021: torch.empty per call), not one per micro-batch up front.
 MEGATRON_OVERRIDES = {"attention_kernel": "eager", "elementwise_kernels": "megatron", "grad_sync": "last_microbatch",
                       "dp_overlap": "none", "host_counted": False, "optimizer_foreach": False,
-                      "checkpoint_early_stop": False, "fsdp_one_rank": False}
+                      "checkpoint_early_stop": False, "fsdp_one_rank": False, "pp_recv_up_front": False}
 KORTHIKANTI_EXPERIMENTS = {  # Table 4's rows: (sequence parallel, activation checkpointing)
     "Baseline no recompute": (False, "none"), "Sequence parallelism": (True, "none"),
     "Baseline with recompute (full)": (False, "full"), "Selective recompute": (False, "selective"),
