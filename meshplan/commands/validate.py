@@ -94,6 +94,9 @@ def main(argv: list[str]) -> int:
         print(line)
         if s["runs"]:
             print(f"runs priced over their GPUs' memory: {s['priced_over_memory']} of {s['runs']}")
+    runs = sum(s["runs"] for s in summary.values())
+    over = sum(s["priced_over_memory"] for s in summary.values())
+    print(f"\n== Every published run completed on its GPUs\nruns priced over their GPUs' memory, all tables: {over} of {runs}")
     print("\n== Published tables that are not runs or collectives")
     for name, use in USED_ELSEWHERE.items():
         print(f"{name:<50} {use}")
