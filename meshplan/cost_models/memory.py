@@ -210,11 +210,15 @@ def optimizer_step_memory(lay: Layout, rank: int, overheads: Overheads) -> RankM
     """A rank's memory while AdamW steps: its model states, every sharded gradient and the step's
     temporary (OPTIMIZER_STEP_TEMP_BYTES); no activations. The peak of plans that hold few activations
     (full AC on few devices): 20 bytes per local parameter."""
-    b = _rank_basis(lay, rank)
+    params = _rank_basis(lay, rank).state[0]
+    return _states_and(lay, rank, overheads, optimizer_step=OPTIMIZER_STEP_TEMP_BYTES * params / STATE_BYTES["params"])
+
+
+def _states_and(lay: Layout, rank: int, overheads: Overheads, **parts: float) -> RankMemory:
+    """A rank's memory outside its passes (no activations): its model states, `parts`, and the slack."""
     mem = RankMemory(rank)
-    params, grads, optimizer = b.state
-    mem.parts.update(params=params, grads=grads, optimizer=optimizer,
-                     optimizer_step=OPTIMIZER_STEP_TEMP_BYTES * params / STATE_BYTES["params"])
+    mem.parts["params"], mem.parts["grads"], mem.parts["optimizer"] = _rank_basis(lay, rank).state
+    mem.parts.update(parts)
     mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * mem.total
     return mem
 
@@ -227,12 +231,8 @@ def training_metric_memory(lay: Layout, rank: int, overheads: Overheads) -> Rank
     b = _rank_basis(lay, rank)
     if lay.metric_losses == 0 or not b.sp.head:
         return None
-    mem = RankMemory(rank)
-    mem.parts["params"], mem.parts["grads"], mem.parts["optimizer"] = b.state
-    mem.parts["fsdp_buffers"] = b.fsdp_buffers
-    mem.parts["transient"] = logit_count(lay) * (lay.act_bytes + 8.0)
-    mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * mem.total
-    return mem
+    return _states_and(lay, rank, overheads, fsdp_buffers=b.fsdp_buffers,
+                       transient=logit_count(lay) * (lay.act_bytes + 8.0))
 
 
 def fragmentation(lay: Layout, overheads: Overheads) -> float:

@@ -685,6 +685,11 @@ TE_LOSS_BYTES = (6.0, 4.0)
 XENTROPY_LOSS_PASSES = (2.0, 2.0)
 
 
+def eager_loss_bytes() -> float:
+    """Bytes a logit eager PyTorch's cross-entropy moves each way: loss_passes passes over fp32 logits."""
+    return constants.MODEL.loss_passes * 4
+
+
 def loss_times(lay: Layout, prof: ClusterProfile, logits: float) -> tuple[float, float]:
     """(forward, backward) seconds of the cross-entropy over `logits` logits, memory-bound, as the stack runs it:
     eager PyTorch's upcast, log-softmax and gather (about constants.MODEL.loss_passes passes over fp32 logits each
@@ -698,7 +703,7 @@ def loss_times(lay: Layout, prof: ClusterProfile, logits: float) -> tuple[float,
     elif lay.loss_compiled and runs_nccl(prof) and forms.FORMS.compiled_loss == "fused":
         per = COMPILED_LOSS_BYTES
     else:
-        eager = constants.MODEL.loss_passes * 4 / (prof.overheads.compile_speedup if lay.loss_compiled else 1.0)
+        eager = eager_loss_bytes() / (prof.overheads.compile_speedup if lay.loss_compiled else 1.0)
         per = (eager, eager)
     return memory_bound_time(dev, logits * per[0]), memory_bound_time(dev, logits * per[1])
 
@@ -712,7 +717,7 @@ def head_time(lay: Layout, prof: ClusterProfile) -> HeadTime:
     logits = T * lay.spec.vocab_size / lay.tp
     loss_fwd, loss_bwd = loss_times(lay, prof, logits)
     # The trainer's metric losses run after the backward, one eager forward each (Layout.metric_losses).
-    metrics = lay.metric_losses * memory_bound_time(dev, logits * constants.MODEL.loss_passes * 4)
+    metrics = lay.metric_losses * memory_bound_time(dev, logits * eager_loss_bytes())
     fwd, bwd = fwd_mm + loss_fwd, 2 * fwd_mm + loss_bwd + metrics
     host_f, host_b = head_host(lay)
     o = prof.overheads
