@@ -111,6 +111,10 @@ def main(argv: list[str]) -> int:
         check_against_profile(plan, profile)
         notes = normalise_moot_fields(plan)
         est = estimate_plan(plan, profile)
+    elif plan.stack != MESHPLAN:
+        # The search fills 'auto' fields with meshplan-runtime layouts only (planner/space.py): name what is left.
+        raise InputError("stack", f"{plan.stack} plans are priced complete; set {', '.join(plan.auto_fields())} "
+                                  f"(still auto), or use stack {MESHPLAN} to have them chosen")
     else:
         plan, est = fill_auto(plan, profile)
     for note in notes:

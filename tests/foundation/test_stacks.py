@@ -49,6 +49,25 @@ def test_run_and_the_search_take_meshplans_runtime_only(stack):
     check_runnable(on("meshplan"), "cuda")
 
 
+def test_estimate_names_the_auto_fields_another_stack_leaves(tmp_path, capsys):
+    """The search fills 'auto' only with meshplan-runtime layouts: `estimate` of a Megatron-Core plan with
+    two fields left out says which, in one line, and exits 2; the same plan complete is priced."""
+    import yaml
+
+    from meshplan import cli
+
+    raw = {**RAW, "stack": "megatron-core", "parallel": {k: v for k, v in RAW["parallel"].items() if k != "async_tp"},
+           "memory": {k: v for k, v in RAW["memory"].items() if k != "reshard_after_forward"}}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert cli.main(["estimate", "--plan", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "stack: megatron-core" in err
+    assert "parallel.async_tp, memory.reshard_after_forward (still auto)" in err
+    path.write_text(yaml.safe_dump({**RAW, "stack": "megatron-core"}))
+    assert cli.main(["estimate", "--plan", str(path), "--json"]) == 0
+
+
 def test_megatron_core_reduces_gradients_once_per_step():
     """256 sequences over 32 data-parallel ranks at micro-batch 1: 8 micro-batches. FSDP2 (meshplan,
     TorchTitan) reduce-scatters at each, Megatron's DDP once: 8x the reduce-scatter time, by count. What
