@@ -15,8 +15,11 @@ How the layer runs (TorchTitan's expert parallelism, expert-TP 1; specs/rules.ep
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from meshplan.cost_models.comm import GroupSpan, collective_time, forwarded_all_to_all_time
 from meshplan.cost_models.compute import grouped_matmul_time
@@ -90,24 +93,60 @@ def ep_comm_forward(spec: ModelSpec, r: Routing, ep: int, act_bytes: float, prof
     payload = dispatch_bytes(spec, r, act_bytes)
     if dispatch == "deepep" and span.nodes > 1:
         moe = spec.moe
-        network = payload * remote_nodes_per_token(moe.experts, moe.top_k, span.nodes) / moe.top_k
+        network = payload * remote_nodes_per_token(moe.experts, moe.top_k, span.nodes, moe.expert_groups,
+                                                   moe.groups_per_token, moe.router) / moe.top_k
         node = payload * (span.ranks_per_node - 1) / span.ranks_per_node
         return 2 * forwarded_all_to_all_time(prof, network, node)
     return 2 * collective_time(prof, "all_to_all", payload, span)
 
 
-def remote_nodes_per_token(experts: int, top_k: int, nodes: int) -> float:
+def remote_nodes_per_token(experts: int, top_k: int, nodes: int, groups: int = 1, per_token: int = 1,
+                           router: str = "sigmoid") -> float:
     """Nodes other than its own that a token's top-k experts lie on, on average, with the experts spread
-    evenly over the EP group's nodes and chosen uniformly (force-balanced routing): each other node holds
-    experts / nodes of them and is missed with probability C(experts - experts/nodes, k) / C(experts, k).
-    Without deduplication a token sends top_k x (nodes - 1) / nodes copies across nodes instead. Group-limited
-    routing (DeepSeek-V3's top-4 groups) gathers a token's experts onto fewer nodes, so there this is an
-    upper bound."""
+    evenly over the EP group's nodes in order and chosen as force-balanced routing chooses them (random
+    logits). Without deduplication a token sends top_k x (nodes - 1) / nodes copies across nodes instead.
+
+    Ungrouped, each other node holds experts / nodes of them and is missed with probability
+    C(experts - experts/nodes, k) / C(experts, k). Group-limited routing (MoESpec.expert_groups) is sampled
+    (grouped_remote_nodes): which groups win depends on the scores' sizes, not only their order."""
     if nodes <= 1:
         return 0.0
+    if groups > 1 and per_token < groups:
+        return grouped_remote_nodes(experts, top_k, nodes, groups, per_token, router)
     per_node = experts // nodes
     missed = math.comb(experts - per_node, top_k) / math.comb(experts, top_k)
     return (nodes - 1) * (1.0 - missed)
+
+
+# Tokens sampled for group-limited routing's node count: its standard error is below 0.5 % of the count.
+GROUPED_ROUTING_SAMPLES = 8192
+
+
+@functools.lru_cache(maxsize=None)
+def grouped_remote_nodes(experts: int, top_k: int, nodes: int, groups: int, per_token: int, router: str) -> float:
+    """remote_nodes_per_token under group-limited routing, as Megatron-Core routes a force-balanced token
+    (moe_utils.py at d98e8a6: RandomSTE draws standard normal logits; group_limited_topk ranks the contiguous
+    groups by the sum of their best top_k // per_token scores, masks all but the best `per_token` groups and
+    takes the top_k scores left), over a fixed sample of tokens: the same figure on every call. The token sits
+    on node 0; experts e lie on node e // (experts / nodes)."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((GROUPED_ROUTING_SAMPLES, experts))
+    if router == "sigmoid":
+        scores = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        scores = np.exp(logits - logits.max(axis=1, keepdims=True))
+        scores /= scores.sum(axis=1, keepdims=True)
+    size, best = experts // groups, max(1, top_k // per_token)
+    by_group = scores.reshape(GROUPED_ROUTING_SAMPLES, groups, size)
+    group_score = -np.sort(-by_group, axis=2)[:, :, :best].sum(axis=2)
+    losing = np.argsort(-group_score, axis=1)[:, per_token:]
+    masked = by_group.copy()
+    np.put_along_axis(masked, losing[:, :, None], -np.inf, axis=1)
+    picked = np.argpartition(-masked.reshape(GROUPED_ROUTING_SAMPLES, experts), top_k - 1, axis=1)[:, :top_k]
+    node_of = picked // (experts // nodes)
+    reached = np.zeros((GROUPED_ROUTING_SAMPLES, nodes), dtype=bool)
+    np.put_along_axis(reached, node_of, True, axis=1)
+    return float(reached[:, 1:].sum(axis=1).mean())
 
 
 def ep_span(spans: dict[str, GroupSpan], ep: int, cp: int, tp: int) -> GroupSpan:

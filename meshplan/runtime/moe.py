@@ -185,11 +185,24 @@ class Router(nn.Module):
             experts = (pos[:, None] * k + torch.arange(k, device=pos.device)[None, :]) % n
         else:
             choice = scores + expert_bias if expert_bias is not None else scores
-            experts = torch.topk(choice, k, dim=-1).indices
+            experts = torch.topk(self._within_groups(choice), k, dim=-1).indices
         weights = scores.gather(1, experts)
         # Top-k weights normalised to sum to 1 (Mixtral, Qwen3's norm_topk_prob, DeepSeek-V3's sigmoid router).
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         return Routed(experts, weights, scores)
+
+    def _within_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """Group-limited routing (MoESpec.expert_groups): every expert outside the token's best
+        groups_per_token groups masked out, each group ranked by the sum of its best top_k // groups_per_token
+        scores (Megatron-Core's group_limited_topk; DeepSeek-V3's top-2 of 8 experts over 4 groups)."""
+        moe = self.moe
+        if moe.expert_groups == 1 or moe.groups_per_token == moe.expert_groups:
+            return choice
+        by_group = choice.view(choice.shape[0], moe.expert_groups, -1)
+        group_score = by_group.topk(max(1, moe.top_k // moe.groups_per_token), dim=-1).values.sum(-1)
+        kept = torch.zeros_like(group_score, dtype=torch.bool)
+        kept.scatter_(1, torch.topk(group_score, moe.groups_per_token, dim=-1).indices, True)
+        return by_group.masked_fill(~kept[:, :, None], float("-inf")).flatten(1)
 
 
 class LocalDispatch:

@@ -216,6 +216,8 @@ class ModelSpec:
                 del out[key]
         if out.get("moe") and out["moe"]["activation_clamp"] is None:
             del out["moe"]["activation_clamp"]  # an unclamped SwiGLU, as every MoE plan written before it
+        if out.get("moe") and out["moe"]["expert_groups"] == 1:
+            del out["moe"]["expert_groups"], out["moe"]["groups_per_token"]  # ungrouped routing, likewise
         return out
 
     @classmethod

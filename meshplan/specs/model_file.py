@@ -142,6 +142,10 @@ def _hf_moe(cfg: Mapping[str, Any], model_type: str, field: str) -> dict[str, An
            "router": "sigmoid" if cfg.get("scoring_func") == "sigmoid" else "softmax",
            "load_balance": "bias" if cfg.get("topk_method") == "noaux_tc" else "aux_loss",
            "bias": model_type == "gpt_oss"}
+    if (cfg.get("n_group") or 1) > 1:
+        # DeepSeek's group-limited routing. DeepSeek-V2's greedy rule ranks groups by their best score where
+        # V3's ranks them by the sum of their best two (MoESpec.expert_groups): as many groups a token either way.
+        moe["expert_groups"], moe["groups_per_token"] = cfg["n_group"], cfg.get("topk_group") or 1
     if cfg.get("swiglu_limit") is not None:  # GPT-OSS's clamped SwiGLU
         moe["activation_clamp"] = cfg["swiglu_limit"]
     return {"moe": moe}

@@ -42,6 +42,14 @@ class MoESpec:
     load_balance: str = "aux_loss"
     bias: bool = False
     activation_clamp: float | None = None
+    # Group-limited routing (DeepSeek's n_group and topk_group; Megatron-Core's moe_router_num_groups and
+    # moe_router_group_topk; TorchTitan's n_expert_groups and n_limited_groups): the experts fall into
+    # `expert_groups` contiguous groups, each token ranks the groups by the sum of their best
+    # top_k // groups_per_token scores (Megatron-Core's group_limited_topk, DeepSeek-V3's top-2) and picks its
+    # top_k experts inside the best `groups_per_token`. Laid out over the EP ranks in order, groups map onto
+    # nodes, so a token reaches fewer of them (cost_models/moe.py remote_nodes_per_token). 1 and 1: ungrouped.
+    expert_groups: int = 1
+    groups_per_token: int = 1
 
     def expert_params(self, dim: int) -> int:
         """One SwiGLU expert: gate and up (dim -> ffn), down (ffn -> dim), with biases where the model has them."""
@@ -68,6 +76,7 @@ class MoESpec:
         top_k = as_int(data["top_k"], f"{field}.top_k", 1, maximum=MAX_TOP_K)
         if top_k > experts:
             raise InputError(f"{field}.top_k", f"must be at most experts ({experts}), got {top_k}")
+        groups, per_token = _groups(data, experts, top_k, field)
         return cls(experts=experts, top_k=top_k,
                    expert_ffn_dim=as_int(data["expert_ffn_dim"], f"{field}.expert_ffn_dim", 1, maximum=MAX_WIDTH),
                    shared_experts=as_int(data.get("shared_experts", 0), f"{field}.shared_experts", 0),
@@ -75,7 +84,21 @@ class MoESpec:
                    router=as_choice(data.get("router", "softmax"), f"{field}.router", ROUTERS),
                    load_balance=as_choice(data.get("load_balance", "aux_loss"), f"{field}.load_balance", LOAD_BALANCE),
                    bias=as_bool(data.get("bias", False), f"{field}.bias"),
-                   activation_clamp=_clamp(data.get("activation_clamp"), f"{field}.activation_clamp"))
+                   activation_clamp=_clamp(data.get("activation_clamp"), f"{field}.activation_clamp"),
+                   expert_groups=groups, groups_per_token=per_token)
+
+
+def _groups(data: dict[str, Any], experts: int, top_k: int, field: str) -> tuple[int, int]:
+    """(expert_groups, groups_per_token), checked: whole groups, and enough experts in the groups a token
+    may use for its top_k, each group ranked by at least one score."""
+    groups = as_int(data.get("expert_groups", 1), f"{field}.expert_groups", 1, maximum=experts)
+    if experts % groups:
+        raise InputError(f"{field}.expert_groups", f"must divide experts ({experts}), got {groups}")
+    per_token = as_int(data.get("groups_per_token", 1), f"{field}.groups_per_token", 1, maximum=groups)
+    if groups > 1 and not (per_token <= top_k <= per_token * (experts // groups)):
+        raise InputError(f"{field}.groups_per_token", f"must be at most top_k ({top_k}) and hold top_k experts "
+                                                      f"({experts // groups} a group), got {per_token}")
+    return groups, per_token
 
 
 def _clamp(value: Any, field: str) -> float | None:

@@ -22,10 +22,11 @@ def _gpt(name: str, dim: int, layers: int, heads: int, vocab: int = 51200, seq: 
 
 def _moe(name: str, dim: int, layers: int, heads: int, kv: int, ffn: int, vocab: int, experts: int, top_k: int,
          expert_ffn: int, *, shared: int = 0, dense_first: int = 0, router: str = "softmax",
-         load_balance: str = "aux_loss", moe_bias: bool = False, clamp: float | None = None, **kw: Any) -> ModelSpec:
+         load_balance: str = "aux_loss", moe_bias: bool = False, clamp: float | None = None,
+         groups: tuple[int, int] = (1, 1), **kw: Any) -> ModelSpec:
     moe = MoESpec(experts=experts, top_k=top_k, expert_ffn_dim=expert_ffn, shared_experts=shared,
                   dense_layers_first=dense_first, router=router, load_balance=load_balance, bias=moe_bias,
-                  activation_clamp=clamp)
+                  activation_clamp=clamp, expert_groups=groups[0], groups_per_token=groups[1])
     return _llama(name, dim, layers, heads, kv, ffn, vocab, moe=moe, **kw)
 
 
@@ -42,8 +43,10 @@ MOE_MODELS = [
     # DeepSeek-V3 671B without its multi-token-prediction module (DeepSeek's 671B excludes it). Its YaRN (factor
     # 40) is left unstated: under MLA it puts no temperature into the rotation (ModelSpec.yarn_mscale), so no
     # stack runs another kernel for it, and the runtime, which builds plain RoPE, runs the registry's model.
+    # Its router picks among 4 of 8 expert groups (config.json n_group 8, topk_group 4; Megatron-Bridge's
+    # DeepSeekV3ModelProvider moe_router_num_groups 8, moe_router_group_topk 4).
     _moe("deepseek-v3", 7168, 61, 128, 128, 18432, 129280, 256, 8, 2048, shared=1, dense_first=3, router="sigmoid",
-         load_balance="bias", rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
+         load_balance="bias", groups=(8, 4), rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,
          mla=MLASpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
     _moe("deepseek-v3-16b", 2048, 27, 16, 16, 10944, 102400, 64, 6, 1408, shared=2, dense_first=1,
          rope_theta=10000.0, max_seq_len=163840, norm_eps=1e-6,

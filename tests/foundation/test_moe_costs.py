@@ -225,10 +225,13 @@ def test_deepep_sends_a_token_across_the_network_once_per_destination_node():
     """DeepSeek-V3 (256 experts, top-8), EP 32 over four 8-GPU nodes, one micro-batch of 4096 tokens: each
     token reaches 3 x (1 - C(192, 8) / C(256, 8)) = 2.71 other nodes on average, against 8 x 24/32 = 6
     copies through NCCL's all-to-all; the NVLink stage forwards 7/8 of the pairs. Dispatch + combine of
-    one forward, by hand from the profile's lines."""
+    one forward, by hand from the profile's lines. Routed ungrouped here (its group limit: the next tests)."""
+    from dataclasses import replace
+
     from meshplan.cost_models.moe import ep_comm_forward, routing
 
-    spec = BUILTIN_MODELS["deepseek-v3"]
+    grouped = BUILTIN_MODELS["deepseek-v3"]
+    spec = replace(grouped, moe=replace(grouped.moe, expert_groups=1, groups_per_token=1))
     r = routing(spec, 4096, tp=1, ep=32, imbalance=1.0)
     span = GroupSpan(32, 8)
     pairs_bytes = 4096 * 8 * spec.dim * 2.0
@@ -247,6 +250,75 @@ def test_deepep_sends_a_token_across_the_network_once_per_destination_node():
     r8 = routing(spec, 4096, tp=1, ep=8, imbalance=1.0)
     assert ep_comm_forward(spec, r8, 8, 2.0, PROF, inside, "deepep") == ep_comm_forward(spec, r8, 8, 2.0, PROF,
                                                                                             inside)
+
+
+def _grouped_routing_by_hand(experts: int, top_k: int, nodes: int, groups: int, per_token: int,
+                             tokens: int = 4000) -> float:
+    """Megatron-Core's group_limited_topk written out token by token over its force-balanced logits
+    (standard normal, sigmoid scores), with Python's own generator: the other nodes a token of node 0 reaches."""
+    import random
+
+    rng = random.Random(1)
+    size, best, per_node = experts // groups, max(1, top_k // per_token), experts // nodes
+    total = 0
+    for _ in range(tokens):
+        scores = [1.0 / (1.0 + math.exp(-rng.gauss(0.0, 1.0))) for _ in range(experts)]
+        rank = sorted(range(groups), key=lambda g: -sum(sorted(scores[g * size:(g + 1) * size])[-best:]))
+        allowed = [e for g in rank[:per_token] for e in range(g * size, (g + 1) * size)]
+        picked = sorted(allowed, key=lambda e: -scores[e])[:top_k]
+        total += len({e // per_node for e in picked} - {0})
+    return total / tokens
+
+
+@pytest.mark.parametrize("experts,top_k,nodes,groups,per_token",
+                         [(16, 4, 4, 4, 2), (16, 4, 2, 4, 1), (16, 4, 8, 4, 2), (32, 8, 4, 8, 4)])
+def test_group_limited_routing_reaches_the_nodes_a_token_by_token_routing_reaches(experts, top_k, nodes, groups,
+                                                                                  per_token):
+    """The sampled count (numpy, 8192 tokens) against the same rule written out per token in plain Python
+    (4000 tokens of another generator): within their joint sampling error."""
+    from meshplan.cost_models.moe import remote_nodes_per_token
+
+    got = remote_nodes_per_token(experts, top_k, nodes, groups, per_token)
+    assert got == pytest.approx(_grouped_routing_by_hand(experts, top_k, nodes, groups, per_token), rel=0.04)
+    # Limiting the groups never reaches more nodes than routing among every expert.
+    assert got <= remote_nodes_per_token(experts, top_k, nodes) + 1e-9
+
+
+def test_group_limited_routing_is_bounded_by_the_groups_a_token_may_use():
+    """DeepSeek-V3 over 8 nodes, one group each: a token reaches at most the 4 nodes of its 4 groups,
+    3.5 other nodes on average if every picked group kept one of its experts (7 x (1 - C(7,4)/C(8,4))), a
+    little fewer as some do not; ungrouped, 7 x (1 - C(224,8)/C(256,8)) = 4.63. Picking among every group
+    is ungrouped routing, the sample agreeing with the closed form."""
+    from meshplan.cost_models.moe import grouped_remote_nodes, remote_nodes_per_token
+
+    grouped = remote_nodes_per_token(256, 8, 8, 8, 4)
+    assert 3.3 < grouped < 3.5
+    assert remote_nodes_per_token(256, 8, 8) == pytest.approx(7 * (1 - math.comb(224, 8) / math.comb(256, 8)))
+    assert remote_nodes_per_token(256, 8, 8, 8, 8) == remote_nodes_per_token(256, 8, 8)
+    assert grouped_remote_nodes(256, 8, 8, 8, 8, "sigmoid") == pytest.approx(remote_nodes_per_token(256, 8, 8),
+                                                                              rel=0.01)
+
+
+def test_deepep_sends_deepseek_v3s_tokens_to_the_nodes_of_its_groups():
+    """The built-in DeepSeek-V3 routes among 4 of 8 groups: DeepEP's network stage over 8 nodes carries
+    that many node copies of each token; NCCL's all-to-all, which sends every pair, is unchanged."""
+    from dataclasses import replace
+
+    from meshplan.cost_models.moe import ep_comm_forward, remote_nodes_per_token, routing
+
+    spec = BUILTIN_MODELS["deepseek-v3"]
+    assert (spec.moe.expert_groups, spec.moe.groups_per_token) == (8, 4)
+    ungrouped = replace(spec, moe=replace(spec.moe, expert_groups=1, groups_per_token=1))
+    r = routing(spec, 4096, tp=1, ep=64, imbalance=1.0)
+    span = GroupSpan(64, 8)
+    pairs_bytes = 4096 * 8 * spec.dim * 2.0
+    remote = remote_nodes_per_token(256, 8, 8, 8, 4)
+    net_bw, net_lat = PROF.collectives[PROF.cluster_level()]["all_to_all"].line_for(pairs_bytes * remote / 8)
+    node_bw, node_lat = PROF.collectives[PROF.node_level()]["all_to_all"].line_for(pairs_bytes * 7 / 8)
+    one = (net_lat + node_lat) * 1e-6 + max(pairs_bytes * remote / 8 / (net_bw * 1e9),
+                                            pairs_bytes * 7 / 8 / (node_bw * 1e9))
+    assert ep_comm_forward(spec, r, 64, 2.0, PROF, span, "deepep") == pytest.approx(2 * one, rel=1e-12)
+    assert ep_comm_forward(spec, r, 64, 2.0, PROF, span) == ep_comm_forward(ungrouped, r, 64, 2.0, PROF, span)
 
 
 def test_the_deepep_row_of_megatron_bridge_deduplicates_and_the_others_do_not():

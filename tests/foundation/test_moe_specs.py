@@ -101,7 +101,8 @@ HF_CONFIGS = {
                     "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
                     "num_experts_per_tok": 8, "first_k_dense_replace": 3, "q_lora_rank": 1536,
                     "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-                    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "vocab_size": 129280,
+                    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+                    "vocab_size": 129280,
                     "tie_word_embeddings": False, "rope_theta": 10000, "max_position_embeddings": 163840,
                     "rms_norm_eps": 1e-6},
     "gpt-oss-120b": {"model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880,
@@ -155,6 +156,9 @@ def test_specs_round_trip_and_dense_dicts_are_unchanged():
     # GPT-OSS's SwiGLU is clamped at its swiglu_limit; an unclamped model's MoE dict carries no such key.
     assert BUILTIN_MODELS["gpt-oss-120b"].to_dict()["moe"]["activation_clamp"] == 7.0
     assert "activation_clamp" not in BUILTIN_MODELS["qwen3-30b-a3b"].to_dict()["moe"]
+    # DeepSeek-V3's group-limited routing is written; an ungrouped model's MoE dict carries no such keys.
+    assert BUILTIN_MODELS["deepseek-v3"].to_dict()["moe"]["expert_groups"] == 8
+    assert "expert_groups" not in BUILTIN_MODELS["qwen3-30b-a3b"].to_dict()["moe"]
     assert sorted(BUILTIN_MODELS["llama3-8b"].to_dict()) == sorted(
         ["name", "arch", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "tied_embeddings",
          "max_seq_len", "norm_eps", "rope_theta"])
@@ -167,6 +171,11 @@ def test_specs_round_trip_and_dense_dicts_are_unchanged():
     ({"experts": 0}, "model.moe.experts"),
     ({"activation_clamp": 0}, "model.moe.activation_clamp"),
     ({"activation_clamp": "seven"}, "model.moe.activation_clamp"),
+    ({"expert_groups": 3}, "model.moe.expert_groups"),  # 8 experts in 3 groups
+    ({"expert_groups": 16}, "model.moe.expert_groups"),
+    ({"expert_groups": 4, "groups_per_token": 3}, "model.moe.groups_per_token"),  # more groups than top_k 2
+    ({"expert_groups": 8, "groups_per_token": 1}, "model.moe.groups_per_token"),  # 1 expert, top_k 2
+    ({"groups_per_token": 2}, "model.moe.groups_per_token"),  # more than its 1 group
 ])
 def test_bad_moe_fields_name_themselves(edit, field):
     data = BUILTIN_MODELS["tiny-moe"].to_dict()

@@ -39,7 +39,8 @@ def _by_hand(m: MoE, x: torch.Tensor) -> torch.Tensor:
         logits = m.router.gate(x[t]).float()
         scores = torch.sigmoid(logits) if m.spec.router == "sigmoid" else torch.softmax(logits, -1)
         bias = m.expert_bias if m.expert_bias is not None else torch.zeros_like(scores)
-        chosen = sorted(range(m.spec.experts), key=lambda i: -(scores[i] + bias[i]).item())[:m.spec.top_k]
+        choice = [(scores[i] + bias[i]).item() for i in range(m.spec.experts)]
+        chosen = sorted(_allowed(m.spec, choice), key=lambda i: -choice[i])[:m.spec.top_k]
         total = sum(scores[i] for i in chosen)
         for i in chosen:
             a = e.w1[i] @ x[t] + (e.w1_bias[i] if e.w1_bias is not None else 0)
@@ -51,8 +52,19 @@ def _by_hand(m: MoE, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("spec", [TINY, _spec(router="sigmoid", load_balance="bias", bias=True, shared_experts=0)],
-                         ids=["softmax_aux_shared", "sigmoid_bias_biases"])
+def _allowed(moe, choice: list[float]) -> list[int]:
+    """The experts a token may pick: all, or under group-limited routing those of the groups_per_token
+    groups whose best top_k // groups_per_token choice scores sum highest (DeepSeek-V3, Megatron-Core)."""
+    size = moe.experts // moe.expert_groups
+    groups = [list(range(g * size, (g + 1) * size)) for g in range(moe.expert_groups)]
+    best = max(1, moe.top_k // moe.groups_per_token)
+    ranked = sorted(groups, key=lambda g: -sum(sorted((choice[i] for i in g), reverse=True)[:best]))
+    return [i for g in ranked[:moe.groups_per_token] for i in g]
+
+
+@pytest.mark.parametrize("spec", [TINY, _spec(router="sigmoid", load_balance="bias", bias=True, shared_experts=0),
+                                  _spec(router="sigmoid", load_balance="bias", expert_groups=4, groups_per_token=1)],
+                         ids=["softmax_aux_shared", "sigmoid_bias_biases", "sigmoid_group_limited"])
 def test_output_is_each_tokens_experts_weighted(spec):
     torch.manual_seed(0)
     m = _layer(spec)
