@@ -49,7 +49,7 @@ def check_placement(plan: Plan, prof: ClusterProfile) -> None:
 
 def check_against_profile(plan: Plan, prof: ClusterProfile) -> None:
     why = float8_reason(bool(plan.memory.float8), prof) or float8_compile_reason(bool(plan.memory.float8),
-                                                                                   bool(plan.compile))
+                                                                                   bool(plan.compile), plan.stack)
     if why:
         raise InputError("memory.float8", why)
     check_placement(plan, prof)

@@ -515,7 +515,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                   ep=deg["ep"], ep_dispatch=ep_dispatch(r), ep_overlap=ep_overlapped(r)),
             memory=MemorySpec(activation_checkpointing="selective" if modules else "none", sac_ops=None, float8=fp8,
                               reshard_after_forward=False, recompute_modules=list(modules) or None),
-            compile=True, stack=MEGATRON_CORE,
+            compile=False, stack=MEGATRON_CORE,
         )
         # Tokens per second where the row prints them: the pages' TFLOP/s follow each release's FLOP formula,
         # which changed for GPT-OSS between releases (27.1-27.2 GFLOP a token in most BF16 rows, 30.7 in one,

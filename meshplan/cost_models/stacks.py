@@ -53,6 +53,9 @@ class Stack:
     # Whether selective AC recomputes named modules (MegatronRecompute, the plan's memory.recompute_modules)
     # rather than saving op kinds (memory.sac_ops)
     recomputes_modules: bool = False
+    # Whether the plan's `compile` (torch.compile of the blocks) applies: a stack that runs its own fused
+    # kernels and does not compile its model prices a plan the same either way (Layout.compile false)
+    torch_compile: bool = True
 
 
 STACKS: dict[str, Stack] = {
@@ -96,7 +99,9 @@ STACKS: dict[str, Stack] = {
         attention_kernel="flash", moe_tp_gather=True, rope_complex=True, fsdp_one_rank=False, fsdp_embedding_unit=True),
     MEGATRON_CORE: Stack(
         None, False, "last_microbatch",
-        ("selective recompute by module (recompute_granularity 'selective' with TransformerConfig."
+        ("no torch.compile of the model: its kernels are Transformer Engine's and its own fused ones (the plan's "
+         "compile is moot: estimated as false, so full recompute replays whole, float8 needs no compile)",
+         "selective recompute by module (recompute_granularity 'selective' with TransformerConfig."
          "recompute_modules, default ['core_attn']; the plan's memory.recompute_modules): core_attn checkpoints "
          "the attention core, layernorm, moe_act and mla_up_proj discard their outputs once consumed and run "
          "again before the backward needs them (CheckpointWithoutOutput, transformer_layer.py, experts.py, "
@@ -166,16 +171,18 @@ STACKS: dict[str, Stack] = {
         host_counted=False,
         optimizer_foreach=False, moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True,
         attention_kernel="cudnn", pp_recv_up_front=False, recomputes_modules=True, float8_weight_cache=True,
-        contiguous_grads=True),
+        contiguous_grads=True, torch_compile=False),
 }
 
 
 def stack_changes(stack: str, ac: str, sac_ops, recompute_modules: tuple[str, ...] | None = None) -> dict:
     """Layout fields that `stack` sets on a plan's layout (layout.layout_of)."""
     s = STACKS[stack]
-    # Every field but these three is a Layout field of the same name.
+    # Every field but these four is a Layout field of the same name.
     out: dict = {f.name: getattr(s, f.name) for f in fields(s)
-                 if f.name not in ("selective_default", "sources", "recomputes_modules")}
+                 if f.name not in ("selective_default", "sources", "recomputes_modules", "torch_compile")}
+    if not s.torch_compile:
+        out["compile"] = False
     if ac == "selective" and s.recomputes_modules:
         chosen = set(recompute_modules or MEGATRON_DEFAULT_RECOMPUTE)  # in one order: one cache entry a set
         out["sac_ops"] = MegatronRecompute(tuple(m for m in RECOMPUTE_MODULES if m in chosen))

@@ -83,6 +83,10 @@ def normalise_moot_fields(plan: Plan) -> list[str]:
         mem.reshard_after_forward = False
         notes.append("memory.reshard_after_forward: true has no effect without FSDP (dp_shard*cp = 1 and DDP or "
                      "fp32): run and estimated as false")
+    if plan.compile is True and plan.stack == MEGATRON_CORE:
+        plan.compile = False
+        notes.append("compile: true has no effect under stack megatron-core, which does not torch.compile its model "
+                     "(its fused kernels are priced either way): estimated as false")
     return notes
 
 
@@ -311,15 +315,16 @@ def loss_compiled(compile_: bool, tp: int) -> bool:
 FLOAT8_UNCOMPILED = "float8 without compile on a GPU"
 
 
-def float8_compile_reason(float8: bool, compile_: bool) -> str | None:
+def float8_compile_reason(float8: bool, compile_: bool, stack: str = MESHPLAN) -> str | None:
     """Why float8 may not run uncompiled on a GPU, or None. Without compile torchao's dynamic-scaling
     casts (amax, scale, cast, transpose per operand of every matmul) run as separate kernels and
     through a tensor subclass's Python dispatch: slower than bf16, not faster. Measured: llama3.2-3b
     on one H200, eager float8 1.689 s/step against eager bf16 0.875 s and compiled float8 0.633 s
     (benchmarks/results/gpu_truth-NVIDIA_H200-2026-11-26-3b-*.md); torchao's own report, an FFN on an
     L20, eager float8 1.1-3.4x slower than fp16 (pytorch/ao#685). A CPU's emulated float8 is for
-    numerics only and is not refused (float8_device_reason)."""
-    if float8 and not compile_:
+    numerics only and is not refused (float8_device_reason). Megatron-Core's float8 is Transformer
+    Engine's, whose modules quantize in their own fused kernels without torch.compile: not refused there."""
+    if float8 and not compile_ and stack != MEGATRON_CORE:
         return ("true needs compile: true on a GPU: uncompiled, torchao's float8 casts run unfused and the "
                 "step is slower than bf16 (measured 1.9x on H200); set compile: true or float8: false")
     return None

@@ -68,6 +68,30 @@ def test_estimate_names_the_auto_fields_another_stack_leaves(tmp_path, capsys):
     assert cli.main(["estimate", "--plan", str(path), "--json"]) == 0
 
 
+@pytest.mark.parametrize("ac", ["none", "selective", "full"])
+def test_megatron_core_prices_compile_as_moot_and_float8_without_it(ac):
+    """Megatron-Core does not torch.compile its model: its plans price the same with compile true or false (full
+    recompute replays each block whole either way, where a compiled PyTorch block's partitioner drops the last
+    matmul), and its float8 (Transformer Engine's) is not refused uncompiled, as torchao's is."""
+    from meshplan.cost_models.plan_checks import check_against_profile
+    from meshplan.specs.rules import normalise_moot_fields
+
+    def plan(stack: str, compile_: bool):
+        return on(stack, compile=compile_, memory={**RAW["memory"], "activation_checkpointing": ac, "float8": True})
+
+    eager, compiled = estimate_plan(plan("megatron-core", False), PROFILE), estimate_plan(plan("megatron-core", True), PROFILE)
+    assert (eager.step_time_s, eager.peak_memory_gib) == (compiled.step_time_s, compiled.peak_memory_gib)
+    check_against_profile(plan("megatron-core", False), PROFILE)
+    with pytest.raises(InputError) as err:
+        check_against_profile(plan("meshplan", False), PROFILE)
+    assert err.value.field == "memory.float8"
+    moot = plan("megatron-core", True)
+    assert normalise_moot_fields(moot) and moot.compile is False
+    if ac == "full":  # meshplan's compiled full AC does not replay ffn_out: it does cost less there
+        assert estimate_plan(plan("meshplan", True), PROFILE).step_time_s < estimate_plan(
+            plan("meshplan", False), PROFILE).step_time_s
+
+
 def test_megatron_core_reduces_gradients_once_per_step():
     """256 sequences over 32 data-parallel ranks at micro-batch 1: 8 micro-batches. FSDP2 (meshplan,
     TorchTitan) reduce-scatters at each, Megatron's DDP once: 8x the reduce-scatter time, by count. What
@@ -262,7 +286,8 @@ def test_layout_defaults_are_meshplans_runtime():
     assert ours and set(ours) <= set(defaults)
     assert {k: v for k, v in ours.items() if defaults[k] != v} == {}
     for other in ("torchtitan", "megatron-core"):
-        assert {k for k, v in stack_changes(other, "none", None).items() if defaults[k] != v}
+        # A field the plan sets (compile, which Megatron-Core makes moot) has no default: a difference too.
+        assert {k for k, v in stack_changes(other, "none", None).items() if k not in defaults or defaults[k] != v}
 
 
 def test_mtp_modules_are_a_megatron_core_plans_and_refused_elsewhere_in_one_line():
