@@ -18,6 +18,7 @@ from typing import Any
 from meshplan.cost_models.estimate import Estimate
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import Plan
+from meshplan.specs.rules import MEGATRON_CORE
 
 OOS_FILE = "oos_errors.json"
 NEIGHBOURS = 3  # validated rows whose errors make the band
@@ -38,11 +39,18 @@ def device_class(device_name: str) -> str:
     return device_name
 
 
-def features(plan: Plan) -> dict[str, Any]:
+def stack_family(stack: str, table: str = "") -> str:
+    """The stack a run's MFU is compared within: Megatron's (a megatron-core plan; a published table of
+    Megatron-LM, Megatron-Bridge or Megatron-Core, priced with its kernels) or PyTorch's (the others)."""
+    return "megatron" if stack == MEGATRON_CORE or table.startswith("Megatron") else "pytorch"
+
+
+def features(plan: Plan, table: str = "") -> dict[str, Any]:
+    """What the band measures distance on and the extrapolation compares within; `table`: a published row's."""
     p = plan.parallel
     return {"device": device_class(load_profile(plan.cluster).device.name), "gpus": plan.gpus,
             "tp": p.tp, "pp": p.pp, "cp": p.cp, "fsdp": p.dp_shard, "ep": p.ep, "float8": bool(plan.memory.float8),
-            "moe": plan.model.is_moe, "stack": "pytorch"}
+            "moe": plan.model.is_moe, "stack": stack_family(plan.stack, table)}
 
 
 def distance(a: dict[str, Any], b: dict[str, Any]) -> float:

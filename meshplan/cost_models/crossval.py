@@ -395,7 +395,7 @@ def cross_text(result: CrossResult | None = None) -> str:
 
 def oos_document(result: CrossResult, rows: list[PublishedRow] | None = None) -> dict:
     """What band.py reads: every whole-run row's features, out-of-sample error, published MFU and term shares."""
-    from meshplan.cost_models.band import device_class
+    from meshplan.cost_models.band import features
     from meshplan.cost_models.validate import predict
 
     rows = rows or training_rows()
@@ -407,14 +407,10 @@ def oos_document(result: CrossResult, rows: list[PublishedRow] | None = None) ->
             continue  # one layer, not a run: no scale, no MFU; or no step time
         _, est, plan = predict(row)
         key = (row.table, row.label)
-        p = plan.parallel
         out.append({"source": row.table, "label": row.label, "oos_step_error": round(oos[key], 5),
                     "published_mfu": round(est.mfu * (1 + builtin[key]), 5),
                     "time_shares": {k: round(v / est.step_time_s, 4) for k, v in est.time_s.items()},
-                    "features": {"device": device_class(load_profile(plan.cluster).device.name), "gpus": plan.gpus,
-                                 "tp": p.tp, "pp": p.pp, "cp": p.cp, "fsdp": p.dp_shard, "ep": p.ep,
-                                 "float8": bool(plan.memory.float8), "moe": plan.model.is_moe,
-                                 "stack": "megatron" if row.table.startswith("Megatron") else "pytorch"}})
+                    "features": features(plan, row.table)})
     return {"note": "written by `meshplan validate --cross --save`; rerun it after changing the cost model",
             "rows": out}
 

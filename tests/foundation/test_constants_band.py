@@ -111,6 +111,23 @@ def test_band_brackets_the_estimate_and_flags_mfu_above_published():
     assert band_of(row.plan, fast).extrapolated
 
 
+def test_a_megatron_core_plan_is_compared_with_megatrons_published_runs():
+    """A published Megatron-Bridge run's own plan (stack megatron-core) sits inside Megatron's published runs
+    on its device and precision; the same layout on meshplan's runtime has no PyTorch run on a B200 in
+    float8 to compare with, and says so."""
+    from meshplan.cost_models.band import features
+    from meshplan.cost_models.published import moe_blackwell_rows
+
+    row = next(r for r in moe_blackwell_rows() if "mb-26.04.01-qwen3-30b-b200" in r.label)
+    est = estimate_plan(row.plan, load_profile(row.plan.cluster), **row.layout_overrides)
+    assert features(row.plan)["stack"] == "megatron"
+    assert not band_of(row.plan, est).extrapolated
+    ours = replace(row.plan, stack="meshplan")
+    assert features(ours)["stack"] == "pytorch"
+    flag, why = band_of(ours, est).extrapolated, band_of(ours, est).extrapolation
+    assert flag and why.startswith("no published pytorch run on B200 (float8)")
+
+
 def test_saved_out_of_sample_errors_are_those_of_the_current_model():
     """The bands read data/validation/oos_errors.json; a cost-model change that forgets to rerun
     `meshplan validate --cross --save` fails here instead of shipping stale bands."""
