@@ -351,4 +351,9 @@ def layout_of(plan: Plan) -> Layout:
         ep=int(p.ep), moe_imbalance=default_imbalance(plan.model), mtp_layers=int(t.mtp_layers),
         ep_dispatch=p.ep_dispatch, ep_overlap=bool(p.ep_overlap),
     )
-    return lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules))
+    lay = lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules))
+    if t.cross_entropy_fusion is not None:
+        # Megatron-Core's named loss (rules.CROSS_ENTROPY_FUSIONS): Transformer Engine's fused kernel, or
+        # priced as the eager loss, as its own fused one is (it upcasts the logits and keeps fp32 exponentials).
+        lay = lay.with_(loss_kernel="te" if t.cross_entropy_fusion == "te" else "pytorch")
+    return lay

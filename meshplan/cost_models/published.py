@@ -365,15 +365,16 @@ DEEPEP_ROWS = frozenset({
 })
 
 
-def loss_kernel(row: dict[str, str]) -> str:
-    """The cross-entropy kernel an MoE row ran (Layout.loss_kernel): Megatron-Bridge's performance scripts set
+def cross_entropy_fusion(row: dict[str, str]) -> str:
+    """The cross-entropy kernel an MoE row ran (the plan's training.cross_entropy_fusion, Layout.loss_kernel):
+    Megatron-Bridge's performance scripts set
     cross_entropy_fusion_impl "te" over every recipe (scripts/performance/utils/overrides.py,
     _set_common_perf_overrides, at 9d70874; its GPT providers turn cross_entropy_loss_fusion on), Transformer
     Engine's fused Triton loss. The model zoo's yamls name "native" (model_configs/benchmarking/
     Qwen3-235B-A22B.yaml; DeepSeek-V3.yaml: "te ce fusion is broken"), as does Megatron-LM's default
     cross_entropy_fusion_impl under its GB200 notes' --cross-entropy-loss-fusion: Megatron-Core's
     fused_vocab_parallel_cross_entropy, which upcasts the logits and keeps fp32 exponentials as the eager loss does."""
-    return "te" if row["id"].startswith("mb-") else "pytorch"
+    return "te" if row["id"].startswith("mb-") else "native"
 
 
 def full_iteration_graphs(row: dict[str, str]) -> bool:
@@ -508,7 +509,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
         plan = Plan(
             model=resolve_model(MOE_MODELS[r["model"]]), cluster=MOE_PROFILES[r["gpu"]], gpus=deg["gpus"],
             training=TrainingSpec(seq_len=deg["seq_len"], global_batch=deg["global_batch"],
-                                  micro_batch=deg["micro_batch"], dtype="bf16", mtp_layers=mtp_layers(r)),
+                                  micro_batch=deg["micro_batch"], dtype="bf16", mtp_layers=mtp_layers(r),
+                                  cross_entropy_fusion=cross_entropy_fusion(r)),
             parallel=ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
                                   async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
                                   pp_virtual_stages=v, pp_layers=deepseek_v3_layout(r, deg["pp"], v), cp=deg["cp"],
@@ -527,8 +529,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES,
                                                    "moe_host_sync": not full_iteration_graphs(r),
                                                    "moe_fused_mlp": full_iteration_graphs(r),
-                                                   "attention_dtype": attention_dtype(r),
-                                                   "loss_kernel": loss_kernel(r)}))
+                                                   "attention_dtype": attention_dtype(r)}))
     return rows
 
 

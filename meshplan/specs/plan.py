@@ -11,8 +11,9 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import (EP_DISPATCHERS, MESHPLAN, RECOMPUTE_MODULES, STACKS, check_runtime_rules,
-                                  ep_dispatch_reason, ep_overlap_reason, ep_reason, mtp_reason, recompute_modules_reason)
+from meshplan.specs.rules import (CROSS_ENTROPY_FUSIONS, EP_DISPATCHERS, MESHPLAN, RECOMPUTE_MODULES, STACKS,
+                                  check_runtime_rules, cross_entropy_fusion_reason, ep_dispatch_reason,
+                                  ep_overlap_reason, ep_reason, mtp_reason, recompute_modules_reason)
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -41,6 +42,9 @@ class TrainingSpec:
     # Multi-token-prediction modules trained after the last block (DeepSeek-V3's MTP; Megatron-Core's
     # mtp_num_layers): rules.mtp_reason says which stacks run them. Written only when not 0.
     mtp_layers: Any = 0
+    # The cross-entropy kernel a megatron-core plan runs (rules.CROSS_ENTROPY_FUSIONS); None: the stack's
+    # default. Written only when set.
+    cross_entropy_fusion: Any = None
 
 
 @dataclass
@@ -134,6 +138,8 @@ class Plan:
         out = asdict(self.training)
         if out["mtp_layers"] == 0:
             del out["mtp_layers"]  # a plan without MTP reads as before training.mtp_layers existed
+        if out["cross_entropy_fusion"] is None:
+            del out["cross_entropy_fusion"]  # likewise: the stack's own loss
         return out
 
     def _parallel_dict(self) -> dict[str, Any]:
@@ -210,6 +216,9 @@ def _parse_training(raw: Any) -> TrainingSpec:
         micro_batch=as_int(raw.get("micro_batch", d.micro_batch), "training.micro_batch", 1, allow_auto=True),
         dtype=as_choice(raw.get("dtype", d.dtype), "training.dtype", DTYPES, allow_auto=True),
         mtp_layers=as_int(raw.get("mtp_layers", d.mtp_layers), "training.mtp_layers", 0),
+        cross_entropy_fusion=(None if raw.get("cross_entropy_fusion") is None else
+                              as_choice(raw["cross_entropy_fusion"], "training.cross_entropy_fusion",
+                                        CROSS_ENTROPY_FUSIONS)),
     )
 
 
@@ -289,6 +298,9 @@ def check_consistency(plan: Plan) -> None:
     why = mtp_reason(plan.stack, t.mtp_layers)
     if why:
         raise InputError("training.mtp_layers", why)
+    why = cross_entropy_fusion_reason(plan.stack, t.cross_entropy_fusion)
+    if why:
+        raise InputError("training.cross_entropy_fusion", why)
     why = ep_dispatch_reason(plan.stack, p.ep_dispatch, p.ep)  # the stack's answer needs no ep; ep 1's waits for it
     if why:
         raise InputError("parallel.ep_dispatch", why)

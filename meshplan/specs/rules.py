@@ -437,6 +437,22 @@ def mtp_reason(stack: str, mtp_layers: int) -> str | None:
             f"stack {MEGATRON_CORE} runs them (mtp_num_layers)")
 
 
+# Megatron-Core's cross-entropy (training.cross_entropy_fusion): none, its default (ModelParallelConfig.
+# cross_entropy_loss_fusion False), or fused (--cross-entropy-loss-fusion) by its own kernel ("native",
+# fused_vocab_parallel_cross_entropy, the default cross_entropy_fusion_impl) or Transformer Engine's ("te",
+# which Megatron-Bridge's performance scripts set). The other stacks' losses are their own (Layout.loss_kernel).
+CROSS_ENTROPY_FUSIONS = ("none", "native", "te")
+CROSS_ENTROPY_STACKS = (MEGATRON_CORE,)
+
+
+def cross_entropy_fusion_reason(stack: str, fusion: str | None) -> str | None:
+    """Why a plan cannot name its cross-entropy kernel on `stack`, or None (not named: the stack's own)."""
+    if fusion is None or stack in CROSS_ENTROPY_STACKS:
+        return None
+    return (f"applies only on stack {MEGATRON_CORE} (its cross_entropy_loss_fusion and cross_entropy_fusion_impl); "
+            f"stack {stack} runs its own loss: remove the field")
+
+
 # Megatron-Core's selective recompute (recompute_granularity "selective", TransformerConfig.recompute_modules):
 # the modules whose forward runs again in backward instead of keeping their outputs; its default is
 # ["core_attn"]. The plan's memory.recompute_modules names them on stack megatron-core, where they take the

@@ -92,6 +92,30 @@ def test_megatron_core_prices_compile_as_moot_and_float8_without_it(ac):
             plan("meshplan", False), PROFILE).step_time_s
 
 
+def test_megatron_core_names_its_cross_entropy_and_only_it():
+    """training.cross_entropy_fusion (Megatron-Core's cross_entropy_loss_fusion / cross_entropy_fusion_impl):
+    written only when set; its own fused kernel priced as the unfused loss (it upcasts the logits as eager
+    does), Transformer Engine's in place over the logits, which drops the fp32 copies from the peak: 4 x 8192
+    logits of 128,256 at 4 bytes and more; another stack refuses the field in one line."""
+    def plan(stack: str, fusion):
+        training = {**RAW["training"], "micro_batch": 4, **({"cross_entropy_fusion": fusion} if fusion else {})}
+        return on(stack, training=training)
+
+    assert "cross_entropy_fusion" not in plan("megatron-core", None).to_dict()["training"]
+    assert plan_from_dict(plan("megatron-core", "te").to_dict()).training.cross_entropy_fusion == "te"
+    default, native, te = (estimate_plan(plan("megatron-core", f), PROFILE) for f in (None, "native", "te"))
+    assert (native.step_time_s, native.peak_memory_gib) == (default.step_time_s, default.peak_memory_gib)
+    assert te.step_time_s < default.step_time_s
+    assert te.memory_gib["transient"] < default.memory_gib["transient"] - 4 * 8192 * VOCAB * 4 / 2**30
+    for other in ("meshplan", "torchtitan"):
+        with pytest.raises(InputError) as err:
+            plan(other, "te")
+        assert err.value.field == "training.cross_entropy_fusion" and "\n" not in str(err.value)
+    with pytest.raises(InputError) as err:
+        plan("megatron-core", "apex")
+    assert err.value.field == "training.cross_entropy_fusion"
+
+
 def test_megatron_core_reduces_gradients_once_per_step():
     """256 sequences over 32 data-parallel ranks at micro-batch 1: 8 micro-batches. FSDP2 (meshplan,
     TorchTitan) reduce-scatters at each, Megatron's DDP once: 8x the reduce-scatter time, by count. What

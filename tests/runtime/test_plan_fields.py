@@ -188,6 +188,12 @@ def refused_mtp_layers():
     refused_on_load(raw(training__mtp_layers=1), "training.mtp_layers")
 
 
+def refused_cross_entropy_fusion():
+    """`training.cross_entropy_fusion` names Megatron-Core's loss kernel (tests/foundation/test_stacks.py);
+    meshplan's runtime runs its own loss, so a plan of its stack refuses the field on load."""
+    refused_on_load(raw(training__cross_entropy_fusion="te"), "training.cross_entropy_fusion")
+
+
 def refused_ep_dispatch():
     """`parallel.ep_dispatch: deepep` prices Megatron-Core's DeepEP dispatch (tests/foundation/test_stacks.py);
     meshplan's runtime sends NCCL all-to-alls, so a plan of its stack refuses deepep on load."""
@@ -362,6 +368,7 @@ DECISIONS = {
     "training.seq_len": effect_seq_len, "training.global_batch": effect_global_batch,
     "training.micro_batch": effect_micro_batch, "training.dtype": effect_dtype,
     "training.mtp_layers": refused_mtp_layers, "parallel.ep_dispatch": refused_ep_dispatch,
+    "training.cross_entropy_fusion": refused_cross_entropy_fusion,
     "parallel.ep_overlap": refused_ep_overlap,
     "parallel.dp_replicate": effect_dp_replicate, "parallel.dp_shard": effect_dp_shard, "parallel.tp": effect_tp,
     "parallel.sequence_parallel": effect_sequence_parallel, "parallel.async_tp": refused_async_tp,
