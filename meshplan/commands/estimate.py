@@ -90,7 +90,8 @@ def _print_moe(moe: dict, dispatch: str, overlap: bool) -> None:
     print(f"  dispatch+combine {moe['ep_comm_issued_s']:10.4f} s issued, {moe['ep_comm_exposed_s']:.4f} s exposed"
           f"{' (DeepEP: once per destination node)' if dispatch == 'deepep' else ''}"
           f"{' (EP overlap: under another micro-batch, but in its unpaired passes)' if overlap else ''}")
-    print(f"  routed experts   {moe['routed_state_gib']:10.3f} GiB of states (params, grads, AdamW: 16 B each)")
+    print(f"  routed experts   {moe['routed_state_gib']:10.3f} GiB of states (params, grads, AdamW's moments: "
+          f"{moe['routed_state_bytes_per_param']:g} B each)")
 
 
 def parser() -> ArgumentParser:

@@ -14,7 +14,7 @@ from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, model_flops_per_token, sac_kind
 from meshplan.cost_models.host import pipeline_action_s, pipeline_actions, step_host_time
 from meshplan.cost_models.layout import Layout, layout_of, representative_layers, runtime_paths, stage_kinds
-from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, STATE_BYTES, kept_output_units, peak_rank_memory,
+from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, kept_output_units, peak_rank_memory, state_bytes,
                                          stage_params, weight_pass_share)
 from meshplan.cost_models.moe import ep_span, routing
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
@@ -366,7 +366,8 @@ def moe_summary(lay: Layout, bts: dict[int, BlockTime], crit: int) -> dict[str, 
             "expert_compute_s": m * sum(n * 3 * routed(bts[k]) for k, n in moe_blocks),
             "ep_comm_issued_s": m * sum(n * bts[k].ep_comm_issued for k, n in moe_blocks),
             "ep_comm_exposed_s": m * sum(n * bts[k].ep_comm for k, n in moe_blocks),
-            "routed_state_gib": sum(STATE_BYTES.values()) * sp.routed / lay.routed_fsdp_shard / GIB}
+            "routed_state_gib": sum(state_bytes(lay)) * sp.routed / lay.routed_fsdp_shard / GIB,
+            "routed_state_bytes_per_param": sum(state_bytes(lay))}
 
 
 def _time_breakdown(lay: Layout, prof: ClusterProfile, bts: dict[int, BlockTime], head, emb, crit: int, busy: float,
@@ -617,7 +618,10 @@ def optimizer_bytes_per_param(lay: Layout) -> float:
     m = constants.MODEL
     if lay.optimizer_foreach:
         return m.adamw_foreach_bytes_per_param + m.clip_foreach_bytes_per_param
-    return m.adamw_bytes_per_param + 4.0  # the clip's norm reads each gradient once
+    # The fused step reads the fp32 parameter, the gradient and both moments and writes the parameter and the
+    # moments (7 x 4 bytes in fp32); a precision-aware optimizer's bf16 gradient and moments move half as much.
+    narrower = (4.0 - lay.main_grad_bytes) + 2 * (8.0 - lay.optimizer_state_bytes)
+    return m.adamw_bytes_per_param - narrower + lay.main_grad_bytes  # the clip's norm reads each gradient once
 
 
 def _recompute_flops_per_token(lay: Layout, on_gpu: bool) -> float:

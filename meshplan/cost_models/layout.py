@@ -151,6 +151,11 @@ class Layout:
     # in a new logits-sized buffer: llm-foundry's MPT loss_fn default "fused_crossentropy").
     # timing.loss_times and memory.loss_buffer_bytes price it.
     loss_kernel: str = "pytorch"
+    # AdamW's two moments per parameter, and a main gradient, in bytes: fp32 (torch.optim's AdamW; Megatron-Core's
+    # default), or bf16 under Megatron-Core's precision-aware optimizer (the plan's memory.optimizer_state_dtype
+    # and memory.main_grads_dtype): memory.rank_memory's optimizer and gradient parts, estimate's optimizer step.
+    optimizer_state_bytes: float = 8.0
+    main_grad_bytes: float = 4.0
     # Eager cross-entropies the trainer runs over each micro-batch's logits after its backward, forward
     # only, for its training metrics: Composer (0.14-0.17, Trainer._train_microbatch -> _eval_train_metrics)
     # updates every train metric at every micro-batch, and llm-foundry's MPT has two (LanguageCrossEntropy,
@@ -351,7 +356,9 @@ def layout_of(plan: Plan) -> Layout:
         ep=int(p.ep), moe_imbalance=default_imbalance(plan.model), mtp_layers=int(t.mtp_layers),
         ep_dispatch=p.ep_dispatch, ep_overlap=bool(p.ep_overlap),
     )
-    lay = lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules))
+    lay = lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules),
+                    optimizer_state_bytes=2 * DTYPE_BYTES[m.optimizer_state_dtype or "fp32"],
+                    main_grad_bytes=DTYPE_BYTES[m.main_grads_dtype or "fp32"])
     if t.cross_entropy_fusion is not None:
         # Megatron-Core's named loss (rules.CROSS_ENTROPY_FUSIONS): Transformer Engine's fused kernel, or
         # priced as the eager loss, as its own fused one is (it upcasts the logits and keeps fp32 exponentials).

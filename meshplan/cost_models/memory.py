@@ -97,6 +97,12 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
     return StageParams(layers, block, emb, head, blocks, routed, tuple(sorted(counts.items())))
 
 
+def state_bytes(lay: Layout) -> tuple[float, float, float]:
+    """Bytes per (sharded) parameter of its fp32 copy, its gradient and AdamW's moments: STATE_BYTES, with the
+    gradient and the moments as the layout keeps them (Layout.main_grad_bytes, optimizer_state_bytes)."""
+    return STATE_BYTES["params"], lay.main_grad_bytes, lay.optimizer_state_bytes
+
+
 @dataclass(frozen=True)
 class _RankBasis:
     """What a rank's memory is made of apart from its load (in flight, kept, losses, accumulating, loss
@@ -120,7 +126,7 @@ class _RankBasis:
 def _rank_basis(lay: Layout, rank: int) -> _RankBasis:
     sp = stage_params(lay, rank)
     local = sp.sharded(lay.fsdp_shard, lay.routed_fsdp_shard)
-    state = tuple(STATE_BYTES[k] * local for k in ("params", "grads", "optimizer"))
+    state = tuple(b * local for b in state_bytes(lay))
     tokens = lay.tokens_per_micro
     ac_transient = 0.0
     if lay.ac != "none":
@@ -150,7 +156,7 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     mem.parts["params"], mem.parts["grads"], mem.parts["optimizer"] = b.state
     mem.parts["fsdp_buffers"] = b.fsdp_buffers
     if b.accumulates:
-        mem.parts["grad_accumulators"] = 4.0 * stage_params(lay, rank, accumulating).total
+        mem.parts["grad_accumulators"] = lay.main_grad_bytes * stage_params(lay, rank, accumulating).total
     mem.parts["activations"] = b.unit * in_flight
     transient = b.ac_transient
     saved = b.saved

@@ -477,6 +477,25 @@ def recompute_modules(row: dict[str, str]) -> tuple[str, ...]:
     return RECOMPUTE_BY_MODEL.get(row["model"], ())
 
 
+def optimizer_precision(row: dict[str, str]) -> tuple[str | None, str | None]:
+    """(AdamW's moments, the main gradients) as an MoE row's recipe kept them under Megatron-Core's precision-aware
+    optimizer (the plan's memory.optimizer_state_dtype, memory.main_grads_dtype; None: fp32):
+    - Megatron-Bridge's DeepSeek-V3 recipe: both bf16 (recipes/deepseek/deepseek_v3.py, exp_avg_dtype,
+      exp_avg_sq_dtype and main_grads_dtype torch.bfloat16, "Different from default float32", v0.2.0 to v0.5.0;
+      the performance scripts turn the optimizer off only under Megatron FSDP, utils/overrides.py). Its other
+      models' recipes set none, and the scripts' use_precision_aware_optimizer for bf16 runs keeps fp32 states;
+    - the model zoo's MXFP8 runs: bf16 moments, fp32 main gradients (sbatch_benchmarking.sh at e865051: PR mxfp8
+      adds --use-precision-aware-optimizer --main-grads-dtype fp32 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16;
+      its BF16 runs add none);
+    - Megatron-LM's GB200 notes: bf16 moments, fp32 main gradients (their baseline's "BF16 optimizer states":
+      --main-grads-dtype fp32 --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16), kept in the final run."""
+    if row["id"].startswith("mb-"):
+        return ("bf16", "bf16") if row["model"] == "DeepSeek-V3" else (None, None)
+    if row["id"].startswith("mz-"):
+        return ("bf16", None) if row["precision"] == "MXFP8" else (None, None)
+    return "bf16", None
+
+
 def ep_dispatch(row: dict[str, str]) -> str:
     """How a Megatron-Bridge MoE row's dispatcher crossed nodes (DEEPEP_ROWS; parallel.ep_dispatch)."""
     return "deepep" if row["id"] in DEEPEP_ROWS else "all_to_all"
@@ -516,7 +535,9 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                   pp_virtual_stages=v, pp_layers=deepseek_v3_layout(r, deg["pp"], v), cp=deg["cp"],
                                   ep=deg["ep"], ep_dispatch=ep_dispatch(r), ep_overlap=ep_overlapped(r)),
             memory=MemorySpec(activation_checkpointing="selective" if modules else "none", sac_ops=None, float8=fp8,
-                              reshard_after_forward=False, recompute_modules=list(modules) or None),
+                              reshard_after_forward=False, recompute_modules=list(modules) or None,
+                              optimizer_state_dtype=optimizer_precision(r)[0],
+                              main_grads_dtype=optimizer_precision(r)[1]),
             compile=False, stack=MEGATRON_CORE,
         )
         # Tokens per second where the row prints them: the pages' TFLOP/s follow each release's FLOP formula,

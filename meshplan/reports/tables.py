@@ -129,7 +129,8 @@ MOE_ROWS = {"ep": "expert-parallel degree", "local_experts": "routed experts per
             "tokens_per_local_expert": "tokens per local expert (micro-batch)", "imbalance": "busiest rank / mean load",
             "moe_layers": "MoE layers on the critical rank", "expert_compute_s": "expert GEMMs (s, fwd + bwd)",
             "ep_comm_issued_s": "dispatch + combine issued (s)", "ep_comm_exposed_s": "dispatch + combine exposed (s)",
-            "routed_state_gib": "routed experts' states (GiB)"}
+            "routed_state_gib": "routed experts' states (GiB)",
+            "routed_state_bytes_per_param": "their states per parameter (bytes)"}
 
 
 def moe_table(configs: list[Config]) -> pd.DataFrame:

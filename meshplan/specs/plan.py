@@ -11,9 +11,10 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import (CROSS_ENTROPY_FUSIONS, EP_DISPATCHERS, MESHPLAN, RECOMPUTE_MODULES, STACKS,
-                                  check_runtime_rules, cross_entropy_fusion_reason, ep_dispatch_reason,
-                                  ep_overlap_reason, ep_reason, mtp_reason, recompute_modules_reason)
+from meshplan.specs.rules import (CROSS_ENTROPY_FUSIONS, EP_DISPATCHERS, MESHPLAN, OPTIMIZER_DTYPES, RECOMPUTE_MODULES,
+                                  STACKS, check_runtime_rules, cross_entropy_fusion_reason, ep_dispatch_reason,
+                                  ep_overlap_reason, ep_reason, mtp_reason, precision_aware_reason,
+                                  recompute_modules_reason)
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -82,6 +83,10 @@ class MemorySpec:
     # Megatron-Core's selective recompute modules (rules.RECOMPUTE_MODULES), on stack megatron-core in
     # place of sac_ops; None: its default, core_attn. Written only when set.
     recompute_modules: Any = None
+    # Megatron-Core's precision-aware optimizer (rules.OPTIMIZER_DTYPES): AdamW's two moments and the main
+    # gradients in fp32 or bf16; None: fp32. Written only when set.
+    optimizer_state_dtype: Any = None
+    main_grads_dtype: Any = None
 
 
 @dataclass
@@ -154,8 +159,9 @@ class Plan:
 
     def _memory_dict(self) -> dict[str, Any]:
         out = asdict(self.memory)
-        if out["recompute_modules"] is None:
-            del out["recompute_modules"]  # a plan that names none reads as before memory.recompute_modules
+        for key in ("recompute_modules", "optimizer_state_dtype", "main_grads_dtype"):
+            if out[key] is None:
+                del out[key]  # a plan that names none reads as before the field existed
         return out
 
     def copy(self, **changes: Any) -> "Plan":
@@ -269,7 +275,14 @@ def _parse_memory(raw: Any) -> MemorySpec:
         reshard_after_forward=as_bool(raw.get("reshard_after_forward", d.reshard_after_forward),
                                       "memory.reshard_after_forward", True),
         recompute_modules=modules,
+        optimizer_state_dtype=_optional_choice(raw, "optimizer_state_dtype", OPTIMIZER_DTYPES),
+        main_grads_dtype=_optional_choice(raw, "main_grads_dtype", OPTIMIZER_DTYPES),
     )
+
+
+def _optional_choice(raw: dict[str, Any], key: str, choices: tuple[str, ...]) -> str | None:
+    """An optional memory field: absent or null, None; else one of `choices`."""
+    return None if raw.get(key) is None else as_choice(raw[key], f"memory.{key}", choices)
 
 
 def _parse_placement(raw: Any) -> dict[str, str] | None:
@@ -342,6 +355,9 @@ def check_consistency(plan: Plan) -> None:
     _check_pipeline(plan)
     _check_tp_fields(plan)
     why = recompute_modules_reason(plan.stack, mem.activation_checkpointing, mem.recompute_modules, mem.sac_ops)
+    if why:
+        raise InputError(*why)
+    why = precision_aware_reason(plan.stack, mem.optimizer_state_dtype, mem.main_grads_dtype)
     if why:
         raise InputError(*why)
     if mem.sac_ops not in (None, AUTO) and mem.activation_checkpointing not in ("selective", AUTO):

@@ -453,6 +453,25 @@ def cross_entropy_fusion_reason(stack: str, fusion: str | None) -> str | None:
             f"stack {stack} runs its own loss: remove the field")
 
 
+# Megatron-Core's precision-aware optimizer (--use-precision-aware-optimizer; OptimizerConfig exp_avg_dtype and
+# exp_avg_sq_dtype, main_grads_dtype): AdamW's two moments and the main gradients each fp32 (the default) or bf16,
+# as DeepSeek-V3's recipes keep them (memory.optimizer_state_dtype, memory.main_grads_dtype). The other stacks'
+# optimizers (torch.optim's AdamW) keep fp32 states beside fp32 parameters.
+OPTIMIZER_DTYPES = ("fp32", "bf16")
+PRECISION_AWARE_STACKS = (MEGATRON_CORE,)
+
+
+def precision_aware_reason(stack: str, state_dtype: str | None, grads_dtype: str | None) -> tuple[str, str] | None:
+    """(field, why) a plan cannot keep its optimizer states or main gradients in that dtype on `stack`, or None."""
+    if stack in PRECISION_AWARE_STACKS:
+        return None
+    for name, value in (("memory.optimizer_state_dtype", state_dtype), ("memory.main_grads_dtype", grads_dtype)):
+        if value is not None:
+            return name, (f"applies only on stack {MEGATRON_CORE} (its precision-aware optimizer); stack {stack} "
+                          f"keeps fp32 optimizer states and gradients: remove the field")
+    return None
+
+
 # Megatron-Core's selective recompute (recompute_granularity "selective", TransformerConfig.recompute_modules):
 # the modules whose forward runs again in backward instead of keeping their outputs; its default is
 # ["core_attn"]. The plan's memory.recompute_modules names them on stack megatron-core, where they take the

@@ -321,6 +321,22 @@ def test_deepep_sends_deepseek_v3s_tokens_to_the_nodes_of_its_groups():
     assert ep_comm_forward(spec, r, 64, 2.0, PROF, span) == ep_comm_forward(ungrouped, r, 64, 2.0, PROF, span)
 
 
+def test_the_moe_rows_keep_their_optimizer_states_as_their_recipes_do():
+    """Megatron-Bridge's DeepSeek-V3 recipe keeps AdamW's moments and the main gradients in bf16, the model zoo's
+    MXFP8 runs and Megatron-LM's notes the moments alone; every other MoE row fp32 (published.optimizer_precision)."""
+    from meshplan.cost_models.published import moe_blackwell_rows
+
+    kept = {}
+    for r in moe_blackwell_rows():
+        m = r.plan.memory
+        kept.setdefault((m.optimizer_state_dtype, m.main_grads_dtype), set()).add(r.label.rsplit("(", 1)[1][:-1])
+    assert all(i.startswith("mb-") and "dsv3" in i for i in kept[("bf16", "bf16")])
+    assert len(kept[("bf16", "bf16")]) == 18  # every DeepSeek-V3 row of the pages, the left-out ones too
+    assert kept[("bf16", None)] == {"mz-qwen3-235b-gb200-256g-mxfp8", "mz-qwen3-235b-gb200-128g-mxfp8-seq128k",
+                                    "mlm-dsv3-gb200-256g-mxfp8-baseline", "mlm-dsv3-gb200-256g-mxfp8-final"}
+    assert not any("dsv3" in i for i in kept[(None, None)])
+
+
 def test_the_deepep_row_of_megatron_bridge_deduplicates_and_the_others_do_not():
     """docs/sources/megatron-bridge-moe-recipes.md: DeepSeek-V3 on B200 in 26.04.01 ran DeepEP at EP 32."""
     from meshplan.cost_models.published import moe_blackwell_rows

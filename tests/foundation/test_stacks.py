@@ -116,6 +116,34 @@ def test_megatron_core_names_its_cross_entropy_and_only_it():
     assert err.value.field == "training.cross_entropy_fusion"
 
 
+def test_megatron_cores_precision_aware_optimizer_keeps_bf16_moments_and_gradients():
+    """memory.optimizer_state_dtype / main_grads_dtype (Megatron-Core's exp_avg(_sq)_dtype and main_grads_dtype):
+    bf16 halves AdamW's two moments (8 -> 4 bytes a parameter) and the main gradients (4 -> 2), and the fused
+    step moves 8 + 2 + 2 x 4 = 18 bytes a parameter instead of 28, plus the clip's read of the gradient (2 not
+    4); another stack refuses either field in one line; neither is written unless set."""
+    from meshplan.cost_models.estimate import optimizer_bytes_per_param
+    from meshplan.cost_models.layout import layout_of
+
+    def plan(stack: str, **memory):
+        return on(stack, memory={**RAW["memory"], **memory})
+
+    fp32, bf16 = plan("megatron-core"), plan("megatron-core", optimizer_state_dtype="bf16", main_grads_dtype="bf16")
+    assert not {"optimizer_state_dtype", "main_grads_dtype"} & set(fp32.to_dict()["memory"])
+    assert plan_from_dict(bf16.to_dict()).memory.main_grads_dtype == "bf16"
+    a, b = estimate_plan(fp32, PROFILE), estimate_plan(bf16, PROFILE)
+    assert b.memory_gib["optimizer"] == pytest.approx(a.memory_gib["optimizer"] / 2, rel=1e-12)
+    assert b.memory_gib["grads"] == pytest.approx(a.memory_gib["grads"] / 2, rel=1e-12)
+    assert b.memory_gib["params"] == a.memory_gib["params"]  # the fp32 main parameters stay
+    assert optimizer_bytes_per_param(layout_of(fp32)) == 28 + 4
+    assert optimizer_bytes_per_param(layout_of(bf16)) == 18 + 2
+    assert b.time_s["optimizer"] < a.time_s["optimizer"]
+    for other in ("meshplan", "torchtitan"):
+        for field in ("optimizer_state_dtype", "main_grads_dtype"):
+            with pytest.raises(InputError) as err:
+                plan(other, **{field: "bf16"})
+            assert err.value.field == f"memory.{field}" and "\n" not in str(err.value)
+
+
 def test_megatron_core_reduces_gradients_once_per_step():
     """256 sequences over 32 data-parallel ranks at micro-batch 1: 8 micro-batches. FSDP2 (meshplan,
     TorchTitan) reduce-scatters at each, Megatron's DDP once: 8x the reduce-scatter time, by count. What

@@ -194,6 +194,14 @@ def refused_cross_entropy_fusion():
     refused_on_load(raw(training__cross_entropy_fusion="te"), "training.cross_entropy_fusion")
 
 
+def refused_optimizer_precision():
+    """`memory.optimizer_state_dtype` and `memory.main_grads_dtype` price Megatron-Core's precision-aware optimizer
+    (tests/foundation/test_stacks.py); meshplan's runtime runs torch.optim's fp32 AdamW, so a plan of its stack
+    refuses either on load."""
+    refused_on_load(raw(memory__optimizer_state_dtype="bf16"), "memory.optimizer_state_dtype")
+    refused_on_load(raw(memory__main_grads_dtype="bf16"), "memory.main_grads_dtype")
+
+
 def refused_ep_dispatch():
     """`parallel.ep_dispatch: deepep` prices Megatron-Core's DeepEP dispatch (tests/foundation/test_stacks.py);
     meshplan's runtime sends NCCL all-to-alls, so a plan of its stack refuses deepep on load."""
@@ -378,6 +386,7 @@ DECISIONS = {
     "memory.activation_checkpointing": effect_activation_checkpointing, "memory.sac_ops": effect_sac_ops,
     "memory.float8": effect_float8, "memory.reshard_after_forward": effect_reshard_after_forward,
     "memory.recompute_modules": refused_recompute_modules,
+    "memory.optimizer_state_dtype": refused_optimizer_precision, "memory.main_grads_dtype": refused_optimizer_precision,
 }
 
 
