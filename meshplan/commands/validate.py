@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
                 print(f"{r['label']:<92} left out: {r['skipped']}")
                 continue
             line = f"{r['label'][:92]:<92} {r['published']:>10.1f} {r['predicted']:>10.1f} {r['error']:>+7.1%}"
-            line += "  over memory" if r.get("fits") is False else ""
+            line += f"  over memory ({r['memory_over_usable']:+.1%})" if r.get("fits") is False else ""
             if "memory_error" in r:
                 line += f"   {r['published_memory_gib']:>7.1f} {r['predicted_memory_gib']:>6.1f} {r['memory_error']:>+7.1%}"
             print(line)

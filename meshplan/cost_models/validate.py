@@ -76,6 +76,7 @@ def validation_results() -> list[dict]:
         if est is not None:
             # Every row is a run that completed: one the model prices over its GPUs' memory is a miss too.
             rec["fits"] = est.fits
+            rec["memory_over_usable"] = est.peak_memory_gib / est.usable_memory_gib - 1
         if row.published_memory_gib is not None:
             rec.update(published_memory_gib=row.published_memory_gib, predicted_memory_gib=est.reserved_peak_gib,
                        memory_error=est.reserved_peak_gib / row.published_memory_gib - 1)
