@@ -274,20 +274,48 @@ def saved_names(spec: ModelSpec, ac: str, sac_ops, conv: Convention, tp: int, la
     return names
 
 
+# The inputs each of Megatron-Core's offloadable modules (rules.OFFLOAD_MODULES) saves, by the names
+# block_tensors gives them: the input norm's input, the QKV (MLA: the down-projections') input, the attention
+# core's q, k and v, the output projection's input, the pre-MLP norm's input, the experts' fc1 input (the
+# routed tokens) and their activation's input (fc1's two halves). Offloaded only where the block keeps them.
+OFFLOADED_INPUTS = {"attn_norm": ("block_in",), "qkv_linear": ("attn_norm_out",),
+                    "core_attn": ("q_in", "k_in", "v_in"), "attn_proj": ("attn_out_in",),
+                    "mlp_norm": ("ffn_norm_in",), "expert_fc1": ("routed_in",),
+                    "moe_act": ("expert_in_0", "expert_in_1")}
+
+
+def offloaded_names(modules: tuple[str, ...]) -> frozenset[str]:
+    """The saved tensors the offloaded modules (Layout.offload_modules) move to host memory."""
+    return frozenset(name for m in modules for name in OFFLOADED_INPUTS[m])
+
+
 def activation_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, ac: str,
                                sac_ops, act_bytes: float, conv: Convention = PYTORCH, layer: int | None = None,
-                               ep: int = 1, imbalance: float = 1.0) -> float:
-    """Bytes block `layer` (default: the last) keeps per token of its micro-batch, on one TP rank."""
+                               ep: int = 1, imbalance: float = 1.0, offloaded: frozenset[str] = frozenset()) -> float:
+    """Bytes block `layer` (default: the last) keeps per token of its micro-batch, on one TP rank; the
+    `offloaded` tensors (offloaded_names) left out, as they wait in host memory."""
     if isinstance(sac_ops, list):
         sac_ops = tuple(sac_ops)
-    return _activation_bytes_per_token(spec, seq_len, tp, sp, ac, sac_ops, act_bytes, conv, layer, ep, imbalance)
+    return _activation_bytes_per_token(spec, seq_len, tp, sp, ac, sac_ops, act_bytes, conv, layer, ep, imbalance,
+                                       offloaded)
+
+
+def offloaded_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, ac: str, sac_ops,
+                              act_bytes: float, conv: Convention, layer: int, ep: int, imbalance: float,
+                              offloaded: frozenset[str]) -> float:
+    """What the offloaded tensors of block `layer` weigh per token: what goes to host memory and comes back."""
+    if not offloaded:
+        return 0.0
+    kept = activation_bytes_per_token(spec, seq_len, tp, sp, ac, sac_ops, act_bytes, conv, layer, ep, imbalance)
+    return kept - activation_bytes_per_token(spec, seq_len, tp, sp, ac, sac_ops, act_bytes, conv, layer, ep,
+                                             imbalance, offloaded)
 
 
 @lru_cache(maxsize=65536)
 def _activation_bytes_per_token(spec: ModelSpec, seq_len: int, tp: int, sp: bool, ac: str,
                                 sac_ops, act_bytes: float, conv: Convention, layer: int | None = None,
-                                ep: int = 1, imbalance: float = 1.0) -> float:
-    keep = saved_names(spec, ac, sac_ops, conv, tp, layer)
+                                ep: int = 1, imbalance: float = 1.0, offloaded: frozenset[str] = frozenset()) -> float:
+    keep = saved_names(spec, ac, sac_ops, conv, tp, layer) - offloaded
     return sum(tensor_bytes_per_token(x, tp, sp, act_bytes, conv)
                for x in block_tensors(spec, seq_len, conv, layer, ep, imbalance) if x.name in keep)
 

@@ -156,6 +156,10 @@ class Layout:
     # and memory.main_grads_dtype): memory.rank_memory's optimizer and gradient parts, estimate's optimizer step.
     optimizer_state_bytes: float = 8.0
     main_grad_bytes: float = 4.0
+    # Modules whose inputs Megatron-Core offloads to host memory between forward and backward (the plan's
+    # memory.offload_modules; activations.OFFLOADED_INPUTS): not resident while in flight (memory.py), and
+    # moved over the device's host link beside the block's passes (timing._add_offload).
+    offload_modules: tuple[str, ...] = ()
     # Eager cross-entropies the trainer runs over each micro-batch's logits after its backward, forward
     # only, for its training metrics: Composer (0.14-0.17, Trainer._train_microbatch -> _eval_train_metrics)
     # updates every train metric at every micro-batch, and llm-foundry's MPT has two (LanguageCrossEntropy,
@@ -358,7 +362,8 @@ def layout_of(plan: Plan) -> Layout:
     )
     lay = lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules),
                     optimizer_state_bytes=2 * DTYPE_BYTES[m.optimizer_state_dtype or "fp32"],
-                    main_grad_bytes=DTYPE_BYTES[m.main_grads_dtype or "fp32"])
+                    main_grad_bytes=DTYPE_BYTES[m.main_grads_dtype or "fp32"],
+                    offload_modules=tuple(m.offload_modules or ()))
     if t.cross_entropy_fusion is not None:
         # Megatron-Core's named loss (rules.CROSS_ENTROPY_FUSIONS): Transformer Engine's fused kernel, or
         # priced as the eager loss, as its own fused one is (it upcasts the logits and keeps fp32 exponentials).

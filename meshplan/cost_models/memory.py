@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from meshplan.cost_models.activations import (Convention, activation_bytes_per_token, convention_of,
+                                              offloaded_bytes_per_token, offloaded_names,
                                               recompute_peak_bytes_per_token)
 from meshplan.cost_models.layout import Layout, stage_kinds
 from meshplan.cost_models.moe import rank_block_params
@@ -120,6 +121,7 @@ class _RankBasis:
     logits: float
     cp_buffers: float
     grads_live: bool
+    offload_resident: float  # offload_resident_bytes
 
 
 @lru_cache(maxsize=65536)
@@ -140,7 +142,8 @@ def _rank_basis(lay: Layout, rank: int) -> _RankBasis:
     cp_buffers = 2 * lay.micro_batch * lay.seq_len * lay.cp_kv_dim / lay.tp * lay.act_bytes if lay.cp > 1 else 0.0
     return _RankBasis(sp, state, _fsdp_buffers(lay, sp), pp_accumulates(lay), activation_unit_bytes(lay, sp),
                       ac_transient, saved, loss_buffer_bytes(lay) if sp.head else 0.0, pp_buffers,
-                      logits_bytes(lay) if sp.head else 0.0, cp_buffers, _grads_live_at_peak(lay))
+                      logits_bytes(lay) if sp.head else 0.0, cp_buffers, _grads_live_at_peak(lay),
+                      offload_resident_bytes(lay, sp))
 
 
 def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, kept: float = 0.0,
@@ -158,6 +161,8 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     if b.accumulates:
         mem.parts["grad_accumulators"] = lay.main_grad_bytes * stage_params(lay, rank, accumulating).total
     mem.parts["activations"] = b.unit * in_flight
+    if b.offload_resident:
+        mem.parts["offload_buffers"] = b.offload_resident
     transient = b.ac_transient
     saved = b.saved
     if sp.head and lay.pp > 1:
@@ -263,10 +268,30 @@ def _convention(lay: Layout) -> Convention:
 def activation_unit_bytes(lay: Layout, sp: StageParams) -> float:
     """One in-flight unit: one stage's layers for one micro-batch (the rank's stages' average), plus the
     hidden state handed on."""
+    offloaded = offloaded_names(lay.offload_modules)
     layers = sum(n * activation_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac, lay.sac_ops,
-                                                lay.act_bytes, _convention(lay), k, lay.ep, lay.moe_imbalance)
+                                                lay.act_bytes, _convention(lay), k, lay.ep, lay.moe_imbalance,
+                                                offloaded)
                  for k, n in sp.kinds)
     return lay.tokens_per_micro * (layers / lay.v + lay.hidden_bytes_per_token)
+
+
+def offloaded_block_bytes(lay: Layout, layer: int) -> float:
+    """What Megatron-Core's activation offloading (Layout.offload_modules) moves to host memory and back for
+    one micro-batch through block `layer`."""
+    offloaded = offloaded_names(lay.offload_modules)
+    return lay.tokens_per_micro * offloaded_bytes_per_token(lay.spec, lay.seq_len, lay.tp, lay.sp, lay.ac,
+                                                            lay.sac_ops, lay.act_bytes, _convention(lay), layer,
+                                                            lay.ep, lay.moe_imbalance, offloaded)
+
+
+def offload_resident_bytes(lay: Layout, sp: StageParams) -> float:
+    """What offloading leaves on the GPU at the peak: the offloaded tensors of one block in flight to host
+    memory and of one block back for its backward (Megatron-Core's offload manager reloads a layer group
+    ahead of the backward that needs it), the rank's heaviest kind of block, one micro-batch each."""
+    if not lay.offload_modules or not sp.kinds:
+        return 0.0
+    return 2 * max(offloaded_block_bytes(lay, k) for k, _ in sp.kinds)
 
 
 def weight_pass_share(lay: Layout) -> float:

@@ -52,4 +52,7 @@ def check_against_profile(plan: Plan, prof: ClusterProfile) -> None:
                                                                                    bool(plan.compile), plan.stack)
     if why:
         raise InputError("memory.float8", why)
+    if plan.memory.offload_modules and prof.device.host_link_gbs is None:
+        raise InputError("memory.offload_modules", f"needs the link to host memory it copies over, which "
+                                                   f"{prof.name} does not give (device.host_link_gbs); set it")
     check_placement(plan, prof)

@@ -477,6 +477,12 @@ def recompute_modules(row: dict[str, str]) -> tuple[str, ...]:
     return RECOMPUTE_BY_MODEL.get(row["model"], ())
 
 
+# The model zoo's MXFP8 run on 256 GB200s offloaded its experts' fc1 and activation inputs to host memory
+# (best_practice/qwen3/readme.md at e865051, its printed command: --fine-grained-activation-offloading
+# --offload-modules expert_fc1 moe_act; its table: "activation offloading required"). No other row offloads.
+OFFLOAD_BY_ID = {"mz-qwen3-235b-gb200-256g-mxfp8": ["expert_fc1", "moe_act"]}
+
+
 def optimizer_precision(row: dict[str, str]) -> tuple[str | None, str | None]:
     """(AdamW's moments, the main gradients) as an MoE row's recipe kept them under Megatron-Core's precision-aware
     optimizer (the plan's memory.optimizer_state_dtype, memory.main_grads_dtype; None: fp32):
@@ -537,7 +543,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
             memory=MemorySpec(activation_checkpointing="selective" if modules else "none", sac_ops=None, float8=fp8,
                               reshard_after_forward=False, recompute_modules=list(modules) or None,
                               optimizer_state_dtype=optimizer_precision(r)[0],
-                              main_grads_dtype=optimizer_precision(r)[1]),
+                              main_grads_dtype=optimizer_precision(r)[1],
+                              offload_modules=OFFLOAD_BY_ID.get(r["id"])),
             compile=False, stack=MEGATRON_CORE,
         )
         # Tokens per second where the row prints them: the pages' TFLOP/s follow each release's FLOP formula,

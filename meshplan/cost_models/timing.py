@@ -14,6 +14,7 @@ from meshplan.cost_models.flops import (attention_flops_per_token, block_matmuls
                                        sac_kind)
 from meshplan.cost_models.host import block_host, embedding_host, head_host, host_added, host_beyond
 from meshplan.cost_models.layout import Layout
+from meshplan.cost_models.memory import offloaded_block_bytes
 from meshplan.cost_models.moe import (Routing, ep_comm_forward, ep_span, megatron_act_recompute_elems,
                                       megatron_expert_eager_elems, moe_elementwise_elems, routed_expert_times, routing)
 from meshplan.cost_models.stacks import MegatronRecompute
@@ -109,6 +110,7 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
     # that time too (ep_exposed).
     _add_host(bt, lay, prof, layer)
     _add_moe_host(bt, lay, prof, layer)
+    _add_offload(bt, lay, prof, layer)
     if lay.spec.is_moe_layer(layer) and lay.ep > 1:
         r = _routing(lay)
         ep_fwd = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, ep_span(spans, lay.ep, lay.cp, lay.tp),
@@ -277,6 +279,19 @@ def _add_moe_host(bt: BlockTime, lay: Layout, prof: ClusterProfile, layer: int) 
     bt.forward += fwd
     bt.backward_input += bwd
     bt.host += fwd + bwd
+
+
+def _add_offload(bt: BlockTime, lay: Layout, prof: ClusterProfile, layer: int) -> None:
+    """Megatron-Core's activation offloading (Layout.offload_modules): the block's offloaded tensors go to host
+    memory on a side stream during its forward and come back during its backward, over the device's host
+    link (device.host_link_gbs); each pass takes the longer of its kernels and its copy."""
+    if not lay.offload_modules:
+        return
+    if prof.device.host_link_gbs is None:
+        raise ValueError(f"offloading needs device.host_link_gbs, which {prof.name} lacks")
+    copy = offloaded_block_bytes(lay, layer) / (prof.device.host_link_gbs * 1e9)
+    bt.forward += max(0.0, copy - bt.forward)
+    bt.backward_input += max(0.0, copy - (bt.backward_input + bt.backward_weight))
 
 
 # Eager attention's passes over the (heads x s x s) scores: constants.MODEL.eager_score_passes_*.

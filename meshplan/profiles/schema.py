@@ -60,6 +60,10 @@ class Device:
     # Share of the measured best-case tensor-core rate (matmul max_fraction / points, attention) that
     # training sustains: power and clock limits, SMs shared with NCCL kernels (cost_models/constants.py).
     sustained_fraction: float = 1.0
+    # GB/s one way between one GPU and its host's memory when every GPU of the node copies at once (pinned
+    # copies): what activation offloading moves at (Megatron-Core's offload_modules). None: not known, and a
+    # plan that offloads is refused on the profile.
+    host_link_gbs: float | None = None
 
 
 @dataclass
@@ -316,6 +320,8 @@ def _device(raw: Any, where: str) -> Device:
         attention=attention,
         memory_bound_efficiency=_fraction(raw.get("memory_bound_efficiency", 0.7), f"{where}.memory_bound_efficiency"),
         sustained_fraction=_fraction(raw.get("sustained_fraction", 1.0), f"{where}.sustained_fraction"),
+        host_link_gbs=(None if raw.get("host_link_gbs") is None
+                       else as_float(raw["host_link_gbs"], f"{where}.host_link_gbs", 0.0, True)),
     )
 
 

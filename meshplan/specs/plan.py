@@ -11,10 +11,10 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import (CROSS_ENTROPY_FUSIONS, EP_DISPATCHERS, MESHPLAN, OPTIMIZER_DTYPES, RECOMPUTE_MODULES,
-                                  STACKS, check_runtime_rules, cross_entropy_fusion_reason, ep_dispatch_reason,
-                                  ep_overlap_reason, ep_reason, mtp_reason, precision_aware_reason,
-                                  recompute_modules_reason)
+from meshplan.specs.rules import (CROSS_ENTROPY_FUSIONS, EP_DISPATCHERS, MESHPLAN, OFFLOAD_MODULES, OPTIMIZER_DTYPES,
+                                  RECOMPUTE_MODULES, STACKS, check_runtime_rules, cross_entropy_fusion_reason,
+                                  ep_dispatch_reason, ep_overlap_reason, ep_reason, mtp_reason, offload_modules_reason,
+                                  precision_aware_reason, recompute_modules_reason)
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -87,6 +87,9 @@ class MemorySpec:
     # gradients in fp32 or bf16; None: fp32. Written only when set.
     optimizer_state_dtype: Any = None
     main_grads_dtype: Any = None
+    # Megatron-Core's fine-grained activation offloading (rules.OFFLOAD_MODULES): the modules whose inputs
+    # go to host memory between their forward and backward; None: none. Written only when set.
+    offload_modules: Any = None
 
 
 @dataclass
@@ -159,7 +162,7 @@ class Plan:
 
     def _memory_dict(self) -> dict[str, Any]:
         out = asdict(self.memory)
-        for key in ("recompute_modules", "optimizer_state_dtype", "main_grads_dtype"):
+        for key in ("recompute_modules", "optimizer_state_dtype", "main_grads_dtype", "offload_modules"):
             if out[key] is None:
                 del out[key]  # a plan that names none reads as before the field existed
         return out
@@ -267,6 +270,14 @@ def _parse_memory(raw: Any) -> MemorySpec:
         modules = [as_choice(v, f"memory.recompute_modules[{i}]", RECOMPUTE_MODULES) for i, v in enumerate(modules)]
         if len(set(modules)) != len(modules):
             raise InputError("memory.recompute_modules", f"names a module twice: {modules}")
+    offloaded = raw.get("offload_modules", None)
+    if offloaded is not None:
+        if not isinstance(offloaded, list) or not offloaded:
+            raise InputError("memory.offload_modules", f"must be a non-empty list drawn from "
+                                                       f"{', '.join(OFFLOAD_MODULES)}, or null, got {offloaded!r}")
+        offloaded = [as_choice(v, f"memory.offload_modules[{i}]", OFFLOAD_MODULES) for i, v in enumerate(offloaded)]
+        if len(set(offloaded)) != len(offloaded):
+            raise InputError("memory.offload_modules", f"names a module twice: {offloaded}")
     return MemorySpec(
         activation_checkpointing=as_choice(raw.get("activation_checkpointing", d.activation_checkpointing),
                                            "memory.activation_checkpointing", AC_MODES, True),
@@ -277,6 +288,7 @@ def _parse_memory(raw: Any) -> MemorySpec:
         recompute_modules=modules,
         optimizer_state_dtype=_optional_choice(raw, "optimizer_state_dtype", OPTIMIZER_DTYPES),
         main_grads_dtype=_optional_choice(raw, "main_grads_dtype", OPTIMIZER_DTYPES),
+        offload_modules=offloaded,
     )
 
 
@@ -360,6 +372,9 @@ def check_consistency(plan: Plan) -> None:
     why = precision_aware_reason(plan.stack, mem.optimizer_state_dtype, mem.main_grads_dtype)
     if why:
         raise InputError(*why)
+    why = offload_modules_reason(plan.stack, mem.offload_modules)
+    if why:
+        raise InputError("memory.offload_modules", why)
     if mem.sac_ops not in (None, AUTO) and mem.activation_checkpointing not in ("selective", AUTO):
         raise InputError("memory.sac_ops", "applies only with activation_checkpointing: selective")
     check_runtime_rules(plan)

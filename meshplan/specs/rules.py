@@ -472,6 +472,26 @@ def precision_aware_reason(stack: str, state_dtype: str | None, grads_dtype: str
     return None
 
 
+# Megatron-Core's fine-grained activation offloading (--fine-grained-activation-offloading --offload-modules;
+# TransformerConfig.offload_modules): each named module's input goes to host memory after its forward and
+# comes back before its backward (docs/user-guide/features/fine_grained_activation_offloading.md at d98e8a6).
+# fused_group_mlp (the op fuser's whole grouped MLP) and gdp_qkv (a Mamba-style mixer) are not offered.
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+OFFLOAD_STACKS = (MEGATRON_CORE,)
+
+
+def offload_modules_reason(stack: str, modules) -> str | None:
+    """Why a plan cannot offload these modules' inputs on `stack`, or None (None or empty: nothing offloaded)."""
+    if not modules:
+        return None
+    if stack not in OFFLOAD_STACKS:
+        return (f"applies only on stack {MEGATRON_CORE} (its fine-grained activation offloading); stack {stack} "
+                f"keeps its activations on the GPU: remove the field")
+    if "attn_proj" in modules and "core_attn" not in modules:
+        return "attn_proj needs core_attn too (Megatron-Core asserts it: they share the attention's output)"
+    return None
+
+
 # Megatron-Core's selective recompute (recompute_granularity "selective", TransformerConfig.recompute_modules):
 # the modules whose forward runs again in backward instead of keeping their outputs; its default is
 # ["core_attn"]. The plan's memory.recompute_modules names them on stack megatron-core, where they take the

@@ -202,6 +202,13 @@ def refused_optimizer_precision():
     refused_on_load(raw(memory__main_grads_dtype="bf16"), "memory.main_grads_dtype")
 
 
+def refused_offload_modules():
+    """`memory.offload_modules` prices Megatron-Core's fine-grained activation offloading
+    (tests/foundation/test_activation_offload.py); meshplan's runtime keeps its activations on the GPU, so a
+    plan of its stack refuses the field on load."""
+    refused_on_load(raw(memory__offload_modules=["moe_act"]), "memory.offload_modules")
+
+
 def refused_ep_dispatch():
     """`parallel.ep_dispatch: deepep` prices Megatron-Core's DeepEP dispatch (tests/foundation/test_stacks.py);
     meshplan's runtime sends NCCL all-to-alls, so a plan of its stack refuses deepep on load."""
@@ -387,6 +394,7 @@ DECISIONS = {
     "memory.float8": effect_float8, "memory.reshard_after_forward": effect_reshard_after_forward,
     "memory.recompute_modules": refused_recompute_modules,
     "memory.optimizer_state_dtype": refused_optimizer_precision, "memory.main_grads_dtype": refused_optimizer_precision,
+    "memory.offload_modules": refused_offload_modules,
 }
 
 
