@@ -194,7 +194,7 @@ class Router(nn.Module):
     def _within_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """Group-limited routing (MoESpec.expert_groups): every expert outside the token's best
         groups_per_token groups masked out, each group ranked by the sum of its best top_k // groups_per_token
-        scores (Megatron-Core's group_limited_topk; DeepSeek-V3's top-2 of 8 experts over 4 groups)."""
+        scores (Megatron-Core's group_limited_topk: DeepSeek-V3 ranks its 8 groups by their best 2 and keeps 4)."""
         moe = self.moe
         if moe.expert_groups == 1 or moe.groups_per_token == moe.expert_groups:
             return choice
