@@ -262,22 +262,6 @@ def _parse_memory(raw: Any) -> MemorySpec:
         if not isinstance(sac, list):
             raise InputError("memory.sac_ops", f"must be a list drawn from {', '.join(SAC_OPS)}, null or 'auto', got {sac!r}")
         sac = [as_choice(v, f"memory.sac_ops[{i}]", SAC_OPS) for i, v in enumerate(sac)]
-    modules = raw.get("recompute_modules", None)
-    if modules is not None:
-        if not isinstance(modules, list) or not modules:
-            raise InputError("memory.recompute_modules", f"must be a non-empty list drawn from "
-                                                         f"{', '.join(RECOMPUTE_MODULES)}, or null, got {modules!r}")
-        modules = [as_choice(v, f"memory.recompute_modules[{i}]", RECOMPUTE_MODULES) for i, v in enumerate(modules)]
-        if len(set(modules)) != len(modules):
-            raise InputError("memory.recompute_modules", f"names a module twice: {modules}")
-    offloaded = raw.get("offload_modules", None)
-    if offloaded is not None:
-        if not isinstance(offloaded, list) or not offloaded:
-            raise InputError("memory.offload_modules", f"must be a non-empty list drawn from "
-                                                       f"{', '.join(OFFLOAD_MODULES)}, or null, got {offloaded!r}")
-        offloaded = [as_choice(v, f"memory.offload_modules[{i}]", OFFLOAD_MODULES) for i, v in enumerate(offloaded)]
-        if len(set(offloaded)) != len(offloaded):
-            raise InputError("memory.offload_modules", f"names a module twice: {offloaded}")
     return MemorySpec(
         activation_checkpointing=as_choice(raw.get("activation_checkpointing", d.activation_checkpointing),
                                            "memory.activation_checkpointing", AC_MODES, True),
@@ -285,11 +269,25 @@ def _parse_memory(raw: Any) -> MemorySpec:
         float8=as_bool(raw.get("float8", d.float8), "memory.float8", True),
         reshard_after_forward=as_bool(raw.get("reshard_after_forward", d.reshard_after_forward),
                                       "memory.reshard_after_forward", True),
-        recompute_modules=modules,
+        recompute_modules=_module_list(raw, "recompute_modules", RECOMPUTE_MODULES),
         optimizer_state_dtype=_optional_choice(raw, "optimizer_state_dtype", OPTIMIZER_DTYPES),
         main_grads_dtype=_optional_choice(raw, "main_grads_dtype", OPTIMIZER_DTYPES),
-        offload_modules=offloaded,
+        offload_modules=_module_list(raw, "offload_modules", OFFLOAD_MODULES),
     )
+
+
+def _module_list(raw: dict[str, Any], key: str, choices: tuple[str, ...]) -> list[str] | None:
+    """An optional list of Megatron-Core module names: absent or null, None; else non-empty, each once."""
+    modules = raw.get(key, None)
+    if modules is None:
+        return None
+    if not isinstance(modules, list) or not modules:
+        raise InputError(f"memory.{key}", f"must be a non-empty list drawn from {', '.join(choices)}, or null, "
+                                          f"got {modules!r}")
+    modules = [as_choice(v, f"memory.{key}[{i}]", choices) for i, v in enumerate(modules)]
+    if len(set(modules)) != len(modules):
+        raise InputError(f"memory.{key}", f"names a module twice: {modules}")
+    return modules
 
 
 def _optional_choice(raw: dict[str, Any], key: str, choices: tuple[str, ...]) -> str | None:
