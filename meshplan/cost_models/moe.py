@@ -128,7 +128,8 @@ def grouped_remote_nodes(experts: int, top_k: int, nodes: int, groups: int, per_
     (moe_utils.py at d98e8a6: RandomSTE draws standard normal logits; group_limited_topk ranks the contiguous
     groups by the sum of their best top_k // per_token scores, masks all but the best `per_token` groups and
     takes the top_k scores left), over a fixed sample of tokens: the same figure on every call. The token sits
-    on node 0; experts e lie on node e // (experts / nodes)."""
+    on node 0; expert e lies on node e x nodes // experts (e // (experts / nodes) where nodes divide them; a
+    group straddling hosts, estimate.group_spans, may not)."""
     rng = np.random.default_rng(0)
     logits = rng.standard_normal((GROUPED_ROUTING_SAMPLES, experts))
     if router == "sigmoid":
@@ -143,7 +144,7 @@ def grouped_remote_nodes(experts: int, top_k: int, nodes: int, groups: int, per_
     masked = by_group.copy()
     np.put_along_axis(masked, losing[:, :, None], -np.inf, axis=1)
     picked = np.argpartition(-masked.reshape(GROUPED_ROUTING_SAMPLES, experts), top_k - 1, axis=1)[:, :top_k]
-    node_of = picked // (experts // nodes)
+    node_of = picked * nodes // experts
     reached = np.zeros((GROUPED_ROUTING_SAMPLES, nodes), dtype=bool)
     np.put_along_axis(reached, node_of, True, axis=1)
     return float(reached[:, 1:].sum(axis=1).mean())

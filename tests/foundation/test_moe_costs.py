@@ -284,6 +284,15 @@ def test_group_limited_routing_reaches_the_nodes_a_token_by_token_routing_reache
     assert got <= remote_nodes_per_token(experts, top_k, nodes) + 1e-9
 
 
+def test_group_limited_routing_over_nodes_that_do_not_divide_the_experts():
+    """A 64-rank group straddling three hosts (estimate.group_spans' hosts) holds 256 experts unevenly: the
+    count stays a count of other nodes, below the ungrouped one, and is not an index past the last node."""
+    from meshplan.cost_models.moe import remote_nodes_per_token
+
+    got = remote_nodes_per_token(256, 8, 3, 8, 4)
+    assert 0.0 < got <= remote_nodes_per_token(256, 8, 3) + 1e-9 <= 2.0
+
+
 def test_group_limited_routing_is_bounded_by_the_groups_a_token_may_use():
     """DeepSeek-V3 over 8 nodes, one group each: a token reaches at most the 4 nodes of its 4 groups,
     3.5 other nodes on average if every picked group kept one of its experts (7 x (1 - C(7,4)/C(8,4))), a
