@@ -14,8 +14,8 @@ from meshplan.cost_models.compute import memory_bound_time
 from meshplan.cost_models.flops import attention_flops_per_token, block_matmuls, model_flops_per_token, sac_kind
 from meshplan.cost_models.host import pipeline_action_s, pipeline_actions, step_host_time
 from meshplan.cost_models.layout import Layout, layout_of, representative_layers, runtime_paths, stage_kinds
-from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, kept_output_units, peak_rank_memory, state_bytes,
-                                         stage_params, weight_pass_share)
+from meshplan.cost_models.memory import (GIB, ONE_RANK_PHASES, STATE_BYTES, kept_output_units, peak_rank_memory,
+                                         stage_params, state_bytes, weight_pass_share)
 from meshplan.cost_models.moe import ep_span, routing
 from meshplan.cost_models.pipeline import ScheduleResult, rank_work, simulate, simulate_cached, stage_rank
 from meshplan.cost_models.stacks import MegatronRecompute
@@ -620,7 +620,8 @@ def optimizer_bytes_per_param(lay: Layout) -> float:
         return m.adamw_foreach_bytes_per_param + m.clip_foreach_bytes_per_param
     # The fused step reads the fp32 parameter, the gradient and both moments and writes the parameter and the
     # moments (7 x 4 bytes in fp32); a precision-aware optimizer's bf16 gradient and moments move half as much.
-    narrower = (4.0 - lay.main_grad_bytes) + 2 * (8.0 - lay.optimizer_state_bytes)
+    fp32 = STATE_BYTES
+    narrower = (fp32["grads"] - lay.main_grad_bytes) + 2 * (fp32["optimizer"] - lay.optimizer_state_bytes)
     return m.adamw_bytes_per_param - narrower + lay.main_grad_bytes  # the clip's norm reads each gradient once
 
 

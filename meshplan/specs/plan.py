@@ -225,9 +225,7 @@ def _parse_training(raw: Any) -> TrainingSpec:
         micro_batch=as_int(raw.get("micro_batch", d.micro_batch), "training.micro_batch", 1, allow_auto=True),
         dtype=as_choice(raw.get("dtype", d.dtype), "training.dtype", DTYPES, allow_auto=True),
         mtp_layers=as_int(raw.get("mtp_layers", d.mtp_layers), "training.mtp_layers", 0),
-        cross_entropy_fusion=(None if raw.get("cross_entropy_fusion") is None else
-                              as_choice(raw["cross_entropy_fusion"], "training.cross_entropy_fusion",
-                                        CROSS_ENTROPY_FUSIONS)),
+        cross_entropy_fusion=_optional_choice(raw, "training", "cross_entropy_fusion", CROSS_ENTROPY_FUSIONS),
     )
 
 
@@ -270,8 +268,8 @@ def _parse_memory(raw: Any) -> MemorySpec:
         reshard_after_forward=as_bool(raw.get("reshard_after_forward", d.reshard_after_forward),
                                       "memory.reshard_after_forward", True),
         recompute_modules=_module_list(raw, "recompute_modules", RECOMPUTE_MODULES),
-        optimizer_state_dtype=_optional_choice(raw, "optimizer_state_dtype", OPTIMIZER_DTYPES),
-        main_grads_dtype=_optional_choice(raw, "main_grads_dtype", OPTIMIZER_DTYPES),
+        optimizer_state_dtype=_optional_choice(raw, "memory", "optimizer_state_dtype", OPTIMIZER_DTYPES),
+        main_grads_dtype=_optional_choice(raw, "memory", "main_grads_dtype", OPTIMIZER_DTYPES),
         offload_modules=_module_list(raw, "offload_modules", OFFLOAD_MODULES),
     )
 
@@ -290,9 +288,9 @@ def _module_list(raw: dict[str, Any], key: str, choices: tuple[str, ...]) -> lis
     return modules
 
 
-def _optional_choice(raw: dict[str, Any], key: str, choices: tuple[str, ...]) -> str | None:
-    """An optional memory field: absent or null, None; else one of `choices`."""
-    return None if raw.get(key) is None else as_choice(raw[key], f"memory.{key}", choices)
+def _optional_choice(raw: dict[str, Any], section: str, key: str, choices: tuple[str, ...]) -> str | None:
+    """An optional field of `section`: absent or null, None; else one of `choices`."""
+    return None if raw.get(key) is None else as_choice(raw[key], f"{section}.{key}", choices)
 
 
 def _parse_placement(raw: Any) -> dict[str, str] | None:

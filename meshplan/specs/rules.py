@@ -445,12 +445,16 @@ CROSS_ENTROPY_FUSIONS = ("none", "native", "te")
 CROSS_ENTROPY_STACKS = (MEGATRON_CORE,)
 
 
+def megatron_core_only(stack: str, feature: str, instead: str) -> str:
+    """The one line a field of Megatron-Core's alone says on another stack."""
+    return f"applies only on stack {MEGATRON_CORE} ({feature}); stack {stack} {instead}: remove the field"
+
+
 def cross_entropy_fusion_reason(stack: str, fusion: str | None) -> str | None:
     """Why a plan cannot name its cross-entropy kernel on `stack`, or None (not named: the stack's own)."""
     if fusion is None or stack in CROSS_ENTROPY_STACKS:
         return None
-    return (f"applies only on stack {MEGATRON_CORE} (its cross_entropy_loss_fusion and cross_entropy_fusion_impl); "
-            f"stack {stack} runs its own loss: remove the field")
+    return megatron_core_only(stack, "its cross_entropy_loss_fusion and cross_entropy_fusion_impl", "runs its own loss")
 
 
 # Megatron-Core's precision-aware optimizer (--use-precision-aware-optimizer; OptimizerConfig exp_avg_dtype and
@@ -467,8 +471,8 @@ def precision_aware_reason(stack: str, state_dtype: str | None, grads_dtype: str
         return None
     for name, value in (("memory.optimizer_state_dtype", state_dtype), ("memory.main_grads_dtype", grads_dtype)):
         if value is not None:
-            return name, (f"applies only on stack {MEGATRON_CORE} (its precision-aware optimizer); stack {stack} "
-                          f"keeps fp32 optimizer states and gradients: remove the field")
+            return name, megatron_core_only(stack, "its precision-aware optimizer",
+                                            "keeps fp32 optimizer states and gradients")
     return None
 
 
@@ -485,8 +489,7 @@ def offload_modules_reason(stack: str, modules) -> str | None:
     if not modules:
         return None
     if stack not in OFFLOAD_STACKS:
-        return (f"applies only on stack {MEGATRON_CORE} (its fine-grained activation offloading); stack {stack} "
-                f"keeps its activations on the GPU: remove the field")
+        return megatron_core_only(stack, "its fine-grained activation offloading", "keeps its activations on the GPU")
     if "attn_proj" in modules and "core_attn" not in modules:
         return "attn_proj needs core_attn too (Megatron-Core asserts it: they share the attention's output)"
     return None
