@@ -9,7 +9,7 @@ from meshplan.cost_models import constants
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
 from meshplan.cost_models.stacks import MegatronRecompute, stack_changes
-from meshplan.specs.rules import (COMPOSITE, NCCL, cp_attention_kind, cp_kv_repeated, ep_fsdp, loss_compiled,
+from meshplan.specs.rules import (COMPOSITE, NCCL, cp_attention_kind, cp_kv_repeated, ep_fsdp, grad_reduce_dtype, loss_compiled,
                                   profile_backend, rms_norm_kernel)
 
 # Bytes per element of each compute dtype (tf32 is stored as fp32).
@@ -59,10 +59,11 @@ class Layout:
     # When data-parallel gradients are reduced while micro-batches accumulate: every_microbatch (FSDP2,
     # HSDP and composable DDP as the runtime and TorchTitan run them) | last_microbatch (Megatron's DDP).
     grad_sync: str = "every_microbatch"
-    # Bytes per gradient element the data-parallel reductions move: 4 where gradients are reduced in fp32
-    # (FSDP2's reduce_dtype as the runtime and TorchTitan set it; Megatron-LM forces fp32 all-reduce under
-    # bf16), 2 where the stack reduces in bf16 (FSDP1 with a bf16 MixedPrecision reduce_dtype: IBM's
-    # fms-fsdp bfSixteen, Composer's PURE).
+    # Bytes per gradient element the data-parallel reductions move, and the buffers gradients accumulate in
+    # hold (memory.contiguous_grad_bytes, FSDP2's pipelined accumulators): 4 where gradients are reduced in
+    # fp32 (FSDP2's reduce_dtype as the runtime and TorchTitan set it; Megatron-LM forces fp32 all-reduce
+    # under bf16), 2 where the stack reduces in bf16 (the plan's memory.grad_reduce_dtype, rules.
+    # grad_reduce_dtype; FSDP1 with a bf16 MixedPrecision reduce_dtype: IBM's fms-fsdp bfSixteen, Composer's PURE).
     grad_reduce_bytes: float = 4.0
     # What compute the data-parallel collectives run under (estimate.data_parallel_comm): prefetch (FSDP1
     # and FSDP2 gather the next unit and reduce the last one beside each unit's compute, every micro-batch:
@@ -363,6 +364,8 @@ def layout_of(plan: Plan) -> Layout:
     lay = lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules),
                     optimizer_state_bytes=2 * DTYPE_BYTES[m.optimizer_state_dtype or "fp32"],
                     main_grad_bytes=DTYPE_BYTES[m.main_grads_dtype or "fp32"],
+                    grad_reduce_bytes=DTYPE_BYTES[grad_reduce_dtype(plan.stack, m.grad_reduce_dtype,
+                                                                    m.main_grads_dtype)],
                     offload_modules=tuple(m.offload_modules or ()))
     if t.cross_entropy_fusion is not None:
         # Megatron-Core's named loss (rules.CROSS_ENTROPY_FUSIONS): Transformer Engine's fused kernel, or

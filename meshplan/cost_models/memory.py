@@ -100,8 +100,23 @@ def _stage_params(spec, pp: int, schedule: str, stage_layers: tuple[int, ...], t
 
 def state_bytes(lay: Layout) -> tuple[float, float, float]:
     """Bytes per (sharded) parameter of its fp32 copy, its gradient and AdamW's moments: STATE_BYTES, with the
-    gradient and the moments as the layout keeps them (Layout.main_grad_bytes, optimizer_state_bytes)."""
-    return STATE_BYTES["params"], lay.main_grad_bytes, lay.optimizer_state_bytes
+    gradient and the moments as the layout keeps them (Layout.main_grad_bytes, optimizer_state_bytes). Where
+    gradients accumulate in one buffer allocated with the model (Layout.contiguous_grads: Megatron-Core's
+    distributed optimizer), the optimizer's shard of them is a view into that buffer when the dtypes agree
+    (counted in the buffer, contiguous_grad_bytes) and a copy when they do not (a bf16 buffer, fp32 main
+    gradients: DistributedOptimizer._copy_model_grads_to_main_grads casts each shard)."""
+    grads = lay.main_grad_bytes
+    if lay.contiguous_grads and lay.main_grad_bytes == lay.grad_reduce_bytes:
+        grads = 0.0
+    return STATE_BYTES["params"], grads, lay.optimizer_state_bytes
+
+
+def contiguous_grad_bytes(lay: Layout, sp: StageParams) -> float:
+    """The gradient buffer a stack with contiguous gradients allocates with the model, live the whole step:
+    Megatron-Core's ParamAndGradBuffer holds every local parameter's gradient, unsharded (the distributed
+    optimizer reduce-scatters into it in place), in the dtype gradients are reduced in (grad_reduce_in_fp32).
+    0 for the other stacks."""
+    return lay.grad_reduce_bytes * sp.total if lay.contiguous_grads else 0.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +137,7 @@ class _RankBasis:
     cp_buffers: float
     grads_live: bool
     offload_resident: float  # offload_resident_bytes
+    grad_buffer: float  # contiguous_grad_bytes
 
 
 @lru_cache(maxsize=65536)
@@ -143,7 +159,7 @@ def _rank_basis(lay: Layout, rank: int) -> _RankBasis:
     return _RankBasis(sp, state, _fsdp_buffers(lay, sp), pp_accumulates(lay), activation_unit_bytes(lay, sp),
                       ac_transient, saved, loss_buffer_bytes(lay) if sp.head else 0.0, pp_buffers,
                       logits_bytes(lay) if sp.head else 0.0, cp_buffers, _grads_live_at_peak(lay),
-                      offload_resident_bytes(lay, sp))
+                      offload_resident_bytes(lay, sp), contiguous_grad_bytes(lay, sp))
 
 
 def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, kept: float = 0.0,
@@ -158,8 +174,11 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     mem = RankMemory(rank)
     mem.parts["params"], mem.parts["grads"], mem.parts["optimizer"] = b.state
     mem.parts["fsdp_buffers"] = b.fsdp_buffers
-    if b.accumulates:
-        mem.parts["grad_accumulators"] = lay.main_grad_bytes * stage_params(lay, rank, accumulating).total
+    if b.grad_buffer:
+        mem.parts["grad_accumulators"] = b.grad_buffer
+    elif b.accumulates:
+        # FSDP2 accumulates unsharded gradients in its reduce dtype (FSDPParam.to_accumulated_grad_if_needed)
+        mem.parts["grad_accumulators"] = lay.grad_reduce_bytes * stage_params(lay, rank, accumulating).total
     mem.parts["activations"] = b.unit * in_flight
     if b.offload_resident:
         mem.parts["offload_buffers"] = b.offload_resident
@@ -228,7 +247,10 @@ def optimizer_step_memory(lay: Layout, rank: int, overheads: Overheads) -> RankM
 def _states_and(lay: Layout, rank: int, overheads: Overheads, **parts: float) -> RankMemory:
     """A rank's memory outside its passes (no activations): its model states, `parts`, and the slack."""
     mem = RankMemory(rank)
-    mem.parts["params"], mem.parts["grads"], mem.parts["optimizer"] = _rank_basis(lay, rank).state
+    b = _rank_basis(lay, rank)
+    mem.parts["params"], mem.parts["grads"], mem.parts["optimizer"] = b.state
+    if b.grad_buffer:
+        mem.parts["grad_accumulators"] = b.grad_buffer
     mem.parts.update(parts)
     mem.parts["overhead"] = overheads.context_gib * GIB + fragmentation(lay, overheads) * mem.total
     return mem
@@ -383,7 +405,7 @@ def phase_memory(lay: Layout, rank: int, phase: int, load: tuple[float, float, f
                  overheads: Overheads) -> RankMemory:
     """A pipeline rank's memory in one phase (see peak_rank_memory) at load = (activation units, kept
     outputs, live losses of the last stage)."""
-    accumulating = phase // 2 if pp_accumulates(lay) else None
+    accumulating = phase // 2 if pp_accumulates(lay) and not lay.contiguous_grads else None
     return rank_memory(lay, rank, load[0], overheads, load[1], accumulating, not phase % 2, load[2])
 
 

@@ -502,6 +502,15 @@ def optimizer_precision(row: dict[str, str]) -> tuple[str | None, str | None]:
     return "bf16", None
 
 
+def grad_reduce_precision(row: dict[str, str]) -> str | None:
+    """The dtype an MoE row reduced its gradients in (the plan's memory.grad_reduce_dtype; None: the stack's own,
+    fp32 with fp32 main gradients). Megatron-Bridge's performance scripts set ddp.grad_reduce_in_fp32 False
+    for every model they run (scripts/performance/configs/{deepseek,gpt_oss,qwen3}/*_llm_pretrain.py,
+    v0.2.1 to v0.5.0): bf16. The model zoo's and Megatron-LM's scripts name no --grad-reduce-in-bf16 and keep
+    fp32 main gradients, which Megatron-LM then accumulates and reduces in fp32 (arguments.py)."""
+    return "bf16" if row["id"].startswith("mb-") else None
+
+
 def ep_dispatch(row: dict[str, str]) -> str:
     """How a Megatron-Bridge MoE row's dispatcher crossed nodes (DEEPEP_ROWS; parallel.ep_dispatch)."""
     return "deepep" if row["id"] in DEEPEP_ROWS else "all_to_all"
@@ -544,7 +553,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                               reshard_after_forward=False, recompute_modules=list(modules) or None,
                               optimizer_state_dtype=optimizer_precision(r)[0],
                               main_grads_dtype=optimizer_precision(r)[1],
-                              offload_modules=OFFLOAD_BY_ID.get(r["id"])),
+                              offload_modules=OFFLOAD_BY_ID.get(r["id"]),
+                              grad_reduce_dtype=grad_reduce_precision(r)),
             compile=False, stack=MEGATRON_CORE,
         )
         # Tokens per second where the row prints them: the pages' TFLOP/s follow each release's FLOP formula,

@@ -158,9 +158,12 @@ STACKS: dict[str, Stack] = {
          "update their fp8 parameter cache'), and Transformer Engine's linear and grouped linear layers quantize "
          "their weights only when is_first_microbatch is set, reusing the cached copies after "
          "(extensions/transformer_engine.py forward(..., is_first_microbatch); Megatron-LM d98e8a6)",
-         "gradients accumulated in place in one fp32 buffer allocated with the model (distributed/"
+         "gradients accumulated in place in one buffer allocated with the model (distributed/"
          "param_and_grad_buffer.py; Transformer Engine's weight-gradient GEMMs add into main_grad under "
-         "gradient_accumulation_fusion), so no micro-batch allocates gradients: the allocator slack FSDP2's "
+         "gradient_accumulation_fusion), every local parameter's gradient unsharded for the whole step (the "
+         "distributed optimizer reduce-scatters into it in place), in the dtype gradients are reduced in "
+         "(grad_dtype = torch.float if grad_reduce_in_fp32 else param.dtype; the plan's memory.grad_reduce_dtype, "
+         "memory.contiguous_grad_bytes); no micro-batch allocates gradients: the allocator slack FSDP2's "
          "accumulation under pipelining leaves (overheads.pp_memory_fragmentation) is not priced",
          "Transformer Engine's modules keep what their fused kernels need (activations.Convention te): a fused "
          "norm its input, the fused SwiGLU its input alone, under an fp8 recipe each linear its input quantized, "

@@ -24,10 +24,16 @@ from meshplan.runtime.mesh import Meshes, ParallelDims
 from meshplan.runtime.model import Transformer
 from meshplan.specs.rules import uses_fully_shard
 
-def mixed_precision(dtype: str) -> MixedPrecisionPolicy:
-    """bf16: bf16 compute, fp32 gradient reduction (master weights stay fp32); fp32: no casts."""
+REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def mixed_precision(dtype: str, grad_reduce_dtype: str = "fp32") -> MixedPrecisionPolicy:
+    """bf16: bf16 compute, gradients reduced in `grad_reduce_dtype` (the plan's memory.grad_reduce_dtype: fp32 by
+    default; bf16 halves the bytes each reduction sends, and FSDP2 then accumulates unsharded gradients in bf16
+    too), master weights fp32 either way (FSDP2 casts the reduced shard to the sharded parameter's dtype);
+    fp32: no casts (the plan refuses a bf16 reduction of fp32 gradients)."""
     if dtype == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=REDUCE_DTYPES[grad_reduce_dtype])
     return MixedPrecisionPolicy()  # the plan schema allows bf16 and fp32 only
 
 
@@ -76,9 +82,9 @@ def apply_expert_fsdp(model: Transformer, mesh: Meshes, dims: ParallelDims, resh
 
 
 def apply_data_parallel(model: Transformer, mesh: Meshes, dims: ParallelDims,
-                        reshard_after_forward: bool, dtype: str = "fp32") -> str:
+                        reshard_after_forward: bool, dtype: str = "fp32", grad_reduce_dtype: str = "fp32") -> str:
     kind = data_parallel_kind(dims, dtype)
-    mp = mixed_precision(dtype)
+    mp = mixed_precision(dtype, grad_reduce_dtype)
     if dims.ep > 1 and kind in ("fsdp", "fsdp1", "hsdp"):
         apply_expert_fsdp(model, mesh, dims, reshard_after_forward, mp)
     if kind in ("fsdp", "fsdp1"):

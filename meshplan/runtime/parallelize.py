@@ -22,6 +22,7 @@ from meshplan.runtime.moe import MoE
 from meshplan.runtime.pipeline import split_layers, stage_ids
 from meshplan.runtime.tensor_parallel import apply_tp, enable_async_tp
 from meshplan.specs.plan import Plan
+from meshplan.specs.rules import grad_reduce_dtype
 
 
 @dataclass
@@ -74,7 +75,8 @@ def parallelize_model(plan: Plan, mesh: Meshes, dims: ParallelDims, device: torc
                 tp_census.install()
             for block in model.layers.values():
                 block.compile()
-        kind = apply_data_parallel(model, mesh, dims, bool(mem.reshard_after_forward), str(plan.training.dtype))
+        kind = apply_data_parallel(model, mesh, dims, bool(mem.reshard_after_forward), str(plan.training.dtype),
+                                   grad_reduce_dtype(plan.stack, mem.grad_reduce_dtype, mem.main_grads_dtype))
         model.to_empty(device=device)
         init_weights(model, spec, seed)
         parts.append(model)

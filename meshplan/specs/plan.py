@@ -11,10 +11,11 @@ from meshplan.fields import (AUTO, as_bool, as_choice, as_int, as_str, reject_un
                              require_mapping)
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import (CROSS_ENTROPY_FUSIONS, EP_DISPATCHERS, MESHPLAN, OFFLOAD_MODULES, OPTIMIZER_DTYPES,
-                                  RECOMPUTE_MODULES, STACKS, check_runtime_rules, cross_entropy_fusion_reason,
-                                  ep_dispatch_reason, ep_overlap_reason, ep_reason, mtp_reason, offload_modules_reason,
-                                  precision_aware_reason, recompute_modules_reason)
+from meshplan.specs.rules import (CROSS_ENTROPY_FUSIONS, EP_DISPATCHERS, GRAD_REDUCE_DTYPES, MESHPLAN, OFFLOAD_MODULES,
+                                  OPTIMIZER_DTYPES, RECOMPUTE_MODULES, STACKS, check_runtime_rules,
+                                  cross_entropy_fusion_reason, ep_dispatch_reason, ep_overlap_reason, ep_reason,
+                                  grad_reduce_dtype_reason, mtp_reason, offload_modules_reason, precision_aware_reason,
+                                  recompute_modules_reason)
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -90,6 +91,9 @@ class MemorySpec:
     # Megatron-Core's fine-grained activation offloading (rules.OFFLOAD_MODULES): the modules whose inputs
     # go to host memory between their forward and backward; None: none. Written only when set.
     offload_modules: Any = None
+    # The dtype data-parallel gradients are reduced and accumulated in (rules.GRAD_REDUCE_DTYPES), on every
+    # stack; None: the stack's own (rules.grad_reduce_dtype). Written only when set.
+    grad_reduce_dtype: Any = None
 
 
 @dataclass
@@ -162,7 +166,8 @@ class Plan:
 
     def _memory_dict(self) -> dict[str, Any]:
         out = asdict(self.memory)
-        for key in ("recompute_modules", "optimizer_state_dtype", "main_grads_dtype", "offload_modules"):
+        for key in ("recompute_modules", "optimizer_state_dtype", "main_grads_dtype", "offload_modules",
+                    "grad_reduce_dtype"):
             if out[key] is None:
                 del out[key]  # a plan that names none reads as before the field existed
         return out
@@ -271,6 +276,7 @@ def _parse_memory(raw: Any) -> MemorySpec:
         optimizer_state_dtype=_optional_choice(raw, "memory", "optimizer_state_dtype", OPTIMIZER_DTYPES),
         main_grads_dtype=_optional_choice(raw, "memory", "main_grads_dtype", OPTIMIZER_DTYPES),
         offload_modules=_module_list(raw, "offload_modules", OFFLOAD_MODULES),
+        grad_reduce_dtype=_optional_choice(raw, "memory", "grad_reduce_dtype", GRAD_REDUCE_DTYPES),
     )
 
 
@@ -371,6 +377,10 @@ def check_consistency(plan: Plan) -> None:
     why = offload_modules_reason(plan.stack, mem.offload_modules)
     if why:
         raise InputError("memory.offload_modules", why)
+    fsdp_size = p.dp_shard * p.cp if _known(p.dp_shard, p.cp) else None
+    why = grad_reduce_dtype_reason(plan.stack, mem.grad_reduce_dtype, t.dtype, fsdp_size, mem.main_grads_dtype)
+    if why:
+        raise InputError("memory.grad_reduce_dtype", why)
     if mem.sac_ops not in (None, AUTO) and mem.activation_checkpointing not in ("selective", AUTO):
         raise InputError("memory.sac_ops", "applies only with activation_checkpointing: selective")
     check_runtime_rules(plan)

@@ -476,6 +476,43 @@ def precision_aware_reason(stack: str, state_dtype: str | None, grads_dtype: str
     return None
 
 
+# The dtype data-parallel gradients are reduced in (memory.grad_reduce_dtype; None: the stack's own, fp32
+# unless Megatron-Core's main gradients are bf16). fp32 is every stack's default under bf16: FSDP2's
+# reduce_dtype as meshplan's runtime and TorchTitan set it (training.mixed_precision_reduce "float32"),
+# Megatron-LM's "bfloat16 requires gradient accumulation and all-reduce to be done in fp32". bf16 halves the
+# bytes each reduction sends and the buffers gradients accumulate in: FSDP2's MixedPrecisionPolicy
+# reduce_dtype bf16 (TorchTitan's mixed_precision_reduce "bfloat16", which "only takes effect when
+# data_parallel_shard_degree > 1", through fully_shard), Megatron-Core's DistributedDataParallelConfig
+# grad_reduce_in_fp32 False (--grad-reduce-in-bf16; the grad buffer in the parameters' dtype,
+# param_and_grad_buffer.py), which Megatron-Bridge's performance scripts set for every model (v0.2.1 to v0.5.0).
+GRAD_REDUCE_DTYPES = ("fp32", "bf16")
+
+
+def grad_reduce_dtype(stack: str, chosen: str | None, main_grads_dtype: str | None) -> str:
+    """The dtype a plan's data-parallel gradients are reduced in: the one it names, else its stack's own.
+    Megatron-LM reduces in bf16 where the main gradients are bf16 (arguments.py: accumulation in fp32 is set
+    only with fp32 main gradients)."""
+    if chosen is not None:
+        return chosen
+    return "bf16" if stack == MEGATRON_CORE and main_grads_dtype == "bf16" else "fp32"
+
+
+def grad_reduce_dtype_reason(stack: str, chosen: str | None, dtype: str, fsdp_size: int,
+                             main_grads_dtype: str | None) -> str | None:
+    """Why a plan cannot reduce its gradients in `chosen` (memory.grad_reduce_dtype), or None (it can, or names
+    none). fsdp_size = dp_shard * cp, or None where a degree is still auto."""
+    if chosen != "bf16":
+        if stack == MEGATRON_CORE and chosen == "fp32" and main_grads_dtype == "bf16":
+            return "fp32 needs fp32 main gradients (Megatron-LM asserts it): set memory.main_grads_dtype fp32"
+        return None
+    if dtype != "bf16":
+        return f"bf16 applies only with training.dtype bf16 (an {dtype} plan's gradients are {dtype}): remove the field"
+    if stack == TORCHTITAN and fsdp_size == 1:
+        return ("bf16 applies on stack torchtitan only through fully_shard (its mixed_precision_reduce needs "
+                "dp_shard * cp > 1): remove the field")
+    return None
+
+
 # Megatron-Core's fine-grained activation offloading (--fine-grained-activation-offloading --offload-modules;
 # TransformerConfig.offload_modules): each named module's input goes to host memory after its forward and
 # comes back before its backward (docs/user-guide/features/fine_grained_activation_offloading.md at d98e8a6).

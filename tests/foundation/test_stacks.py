@@ -118,7 +118,7 @@ def test_megatron_core_names_its_cross_entropy_and_only_it():
 
 def test_megatron_cores_precision_aware_optimizer_keeps_bf16_moments_and_gradients():
     """memory.optimizer_state_dtype / main_grads_dtype (Megatron-Core's exp_avg(_sq)_dtype and main_grads_dtype):
-    bf16 halves AdamW's two moments (8 -> 4 bytes a parameter) and the main gradients (4 -> 2), and the fused
+    bf16 halves AdamW's two moments (8 -> 4 bytes a parameter) and the main gradients' buffer (4 -> 2), and the fused
     step moves 8 + 2 + 2 x 4 = 18 bytes a parameter instead of 28, plus the clip's read of the gradient (2 not
     4); another stack refuses either field in one line; neither is written unless set."""
     from meshplan.cost_models.estimate import optimizer_bytes_per_param
@@ -132,7 +132,8 @@ def test_megatron_cores_precision_aware_optimizer_keeps_bf16_moments_and_gradien
     assert plan_from_dict(bf16.to_dict()).memory.main_grads_dtype == "bf16"
     a, b = estimate_plan(fp32, PROFILE), estimate_plan(bf16, PROFILE)
     assert b.memory_gib["optimizer"] == pytest.approx(a.memory_gib["optimizer"] / 2, rel=1e-12)
-    assert b.memory_gib["grads"] == pytest.approx(a.memory_gib["grads"] / 2, rel=1e-12)
+    # bf16 main gradients are reduced in bf16 too (Megatron-LM): the gradient buffer halves
+    assert b.memory_gib["grad_accumulators"] == pytest.approx(a.memory_gib["grad_accumulators"] / 2, rel=1e-12)
     assert b.memory_gib["params"] == a.memory_gib["params"]  # the fp32 main parameters stay
     assert optimizer_bytes_per_param(layout_of(fp32)) == 28 + 4
     assert optimizer_bytes_per_param(layout_of(bf16)) == 18 + 2

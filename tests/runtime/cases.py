@@ -84,6 +84,21 @@ BF16: dict[str, dict[str, Any]] = {f"bf16_{k}": in_bf16(v) for k, v in TWO_RANK.
 BF16_FOUR_RANK: dict[str, dict[str, Any]] = {f"bf16_{k}": in_bf16(v) for k, v in FOUR_RANK.items()}
 
 
+def reduced_in_bf16(case: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(case)
+    out["memory"]["grad_reduce_dtype"] = "bf16"
+    return out
+
+
+# bf16 layouts whose gradients are reduced in bf16 (memory.grad_reduce_dtype), each beside its fp32-reduced twin
+# in BF16 / BF16_FOUR_RANK: replicate's all-reduce, fully_shard's reduce-scatter, both (HSDP), and FSDP2's
+# accumulation across a pipeline's micro-batches.
+BF16_REDUCE: dict[str, dict[str, Any]] = {f"bf16_reduce_{k}": reduced_in_bf16(BF16[f"bf16_{k}"])
+                                          for k in ("ddp", "fsdp2")}
+BF16_REDUCE_FOUR_RANK: dict[str, dict[str, Any]] = {f"bf16_reduce_{k}": reduced_in_bf16(BF16_FOUR_RANK[f"bf16_{k}"])
+                                                    for k in ("hsdp_2x2", "pp_fsdp_2x2")}
+
+
 # Mixture-of-experts layouts (tiny-moe: 8 experts, top-2, a shared expert, one dense first layer), run with
 # balanced routing (runtime/moe.py) so that every layout routes each token alike; test_moe_layouts.py.
 def moe(**kw: Any) -> dict[str, Any]:

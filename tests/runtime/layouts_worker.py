@@ -7,7 +7,8 @@ CASES.json: [{"name": str, "plan": {...plan mapping...}, "steps": int, "track_me
 With "inspect", every training step runs under device_hygiene.DeviceHygiene and the results list
 the tensors meshplan's runtime made off the model's device ("device_violations"), the dtypes of
 every nn.Linear output during the steps ("compute_dtypes") and of the trained parameters after
-them ("master_dtypes").
+them ("master_dtypes"), and the dtypes and total bytes FSDP2's gradient reductions sent over the
+case ("reduce_dtypes", "reduce_bytes"; reductions_recorded).
 With "compile_check", Dynamo's counters are cleared before the case and the results carry its graph
 breaks and the frames it gave up on ("dynamo_breaks"), the graphs it built ("dynamo_graphs"), and how
 many compiled regions ran forward and backward in the last step, counted by the profiler
@@ -61,6 +62,46 @@ def inspected_steps(seen: dict[str, set]):
 
 
 @contextlib.contextmanager
+def reductions_recorded(seen: dict[str, set], sent: dict[str, int]):
+    """Record what FSDP2's gradient reductions send (fully_shard and replicate alike): the dtype and bytes of
+    each reduce-scatter and all-reduce input issued inside its foreach_reduce, the one place it reduces
+    gradients. Collectives outside it (the loss's average, the norm for clipping) are not counted."""
+    import torch.distributed.fsdp._fully_shard._fsdp_param_group as param_group
+
+    inside = [False]
+    reduce = param_group.foreach_reduce
+    originals = {name: getattr(dist, name) for name in ("reduce_scatter_single", "reduce_scatter_tensor", "all_reduce")
+                 if hasattr(dist, name)}
+
+    def sending(name, fn):
+        def call(*args, **kwargs):
+            if inside[0]:
+                tensor = (kwargs.get("input", args[1] if len(args) > 1 else None) if name.startswith("reduce_scatter")
+                          else kwargs.get("tensor", args[0] if args else None))
+                seen["reduce_dtypes"].add(str(tensor.dtype))
+                sent["reduce_bytes"] = sent.get("reduce_bytes", 0) + tensor.numel() * tensor.element_size()
+            return fn(*args, **kwargs)
+        return call
+
+    def reducing(*args, **kwargs):
+        inside[0] = True
+        try:
+            return reduce(*args, **kwargs)
+        finally:
+            inside[0] = False
+
+    param_group.foreach_reduce = reducing
+    for name, fn in originals.items():
+        setattr(dist, name, sending(name, fn))
+    try:
+        yield
+    finally:
+        param_group.foreach_reduce = reduce
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
+@contextlib.contextmanager
 def compile_counted(result: dict, steps: int):
     """Count Dynamo's graphs and breaks over the case, and the compiled regions of its last step."""
     from collections import Counter
@@ -105,11 +146,13 @@ def main() -> None:
                               data=case.get("data", "synthetic"),
                               track_memory=case.get("track_memory", "off"), timing_warmup=2,
                               balanced_routing=case.get("balanced_routing", False))
-            seen: dict[str, set] = {"device_violations": set(), "compute_dtypes": set(), "master_dtypes": set()}
+            seen: dict[str, set] = {"device_violations": set(), "compute_dtypes": set(), "master_dtypes": set(),
+                                    "reduce_dtypes": set()}
             compiled: dict = {}
             with contextlib.ExitStack() as stack:
                 if case.get("inspect"):
                     stack.enter_context(inspected_steps(seen))
+                    stack.enter_context(reductions_recorded(seen, compiled))
                 if case.get("compile_check"):
                     stack.enter_context(compile_counted(compiled, opts.steps))
                 rows = run_training(plan, opts, torch.device("cpu"))

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import BF16, BF16_FOUR_RANK, FLOAT8, FOUR_RANK, TWO_RANK
+from cases import BF16, BF16_FOUR_RANK, BF16_REDUCE, BF16_REDUCE_FOUR_RANK, FLOAT8, FOUR_RANK, TWO_RANK
 from worlds import collect, start_world
 from meshplan.runtime.options import RunOptions
 from meshplan.runtime.reference import reference_run
@@ -74,7 +74,8 @@ def _start_world(nproc: int, cases: dict, tmp: Path):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("worlds")
-    worlds = [_start_world(2, {**TWO_RANK, **FLOAT8, **BF16}, tmp), _start_world(4, {**FOUR_RANK, **BF16_FOUR_RANK}, tmp)]
+    worlds = [_start_world(2, {**TWO_RANK, **FLOAT8, **BF16, **BF16_REDUCE}, tmp),
+              _start_world(4, {**FOUR_RANK, **BF16_FOUR_RANK, **BF16_REDUCE_FOUR_RANK}, tmp)]
     return collect(worlds, WORLD_TIMEOUT_S, tmp)
 
 
@@ -105,9 +106,11 @@ def check_matches(name: str, plan_dict: dict, results: dict) -> list[float]:
 
 
 def bf16_tolerance(plan_dict: dict) -> float:
-    """Relative loss tolerance of a bf16 layout against one bf16 process (see the module doc)."""
+    """Relative loss tolerance of a bf16 layout against one bf16 process (see the module doc); a bf16 gradient
+    reduction rounds each summed gradient to bf16, where one process adds in fp32."""
     p = plan_dict["parallel"]
-    new_rounding = p["tp"] > 1 or p["cp"] > 1 or (p["pp"] > 1 and p["pp_schedule"] in ZERO_BUBBLE)
+    new_rounding = (p["tp"] > 1 or p["cp"] > 1 or (p["pp"] > 1 and p["pp_schedule"] in ZERO_BUBBLE)
+                    or plan_dict["memory"].get("grad_reduce_dtype") == "bf16")
     return BF16_NEW_ROUNDING if new_rounding else BF16_SAME_ROUNDING
 
 
@@ -124,9 +127,25 @@ def check_bf16(name: str, plan_dict: dict, results: dict) -> None:
         assert abs(a - b) <= tol * abs(b), f"{name} step {step}: {a} vs single-process bf16 {b} (tolerance {tol:g})"
 
 
-@pytest.mark.parametrize("name", sorted({**BF16, **BF16_FOUR_RANK}))
+BF16_ALL = {**BF16, **BF16_FOUR_RANK, **BF16_REDUCE, **BF16_REDUCE_FOUR_RANK}
+
+
+@pytest.mark.parametrize("name", sorted(BF16_ALL))
 def test_bf16_layout_matches_single_process_bf16(name, results):
-    check_bf16(name, {**BF16, **BF16_FOUR_RANK}[name], results)
+    check_bf16(name, BF16_ALL[name], results)
+
+
+@pytest.mark.parametrize("name", sorted({**BF16_REDUCE, **BF16_REDUCE_FOUR_RANK}))
+def test_bf16_gradient_reduction_sends_half_the_bytes(name, results):
+    """memory.grad_reduce_dtype bf16: every gradient reduction FSDP2 issued sent bf16, its fp32 twin's fp32, and
+    over the same steps it sent exactly half the bytes (the cost model's Layout.grad_reduce_bytes 2 against 4)."""
+    twin = name.replace("bf16_reduce_", "bf16_")
+    got, fp32 = results[name], results[twin]
+    assert "error" not in got and "error" not in fp32, got.get("error") or fp32.get("error")
+    assert got["reduce_dtypes"] == ["torch.bfloat16"], got["reduce_dtypes"]
+    assert fp32["reduce_dtypes"] == ["torch.float32"], fp32["reduce_dtypes"]
+    assert fp32["reduce_bytes"] > 0 and 2 * got["reduce_bytes"] == fp32["reduce_bytes"], (got["reduce_bytes"],
+                                                                                           fp32["reduce_bytes"])
 
 
 def test_bf16_reference_is_bf16():

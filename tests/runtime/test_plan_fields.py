@@ -131,6 +131,17 @@ def effect_dtype():
         any(getattr(m, "compute_dtype", None) == torch.bfloat16 for m in t.model.parts)
 
 
+def effect_grad_reduce_dtype():
+    """bf16: every fully_shard unit reduces in bf16 (what it sends is measured in test_layouts.py:
+    test_bf16_gradient_reduction_sends_half_the_bytes); an fp32 plan refuses it on load."""
+    def reduce_dtypes(t):
+        return {b._get_fsdp_state()._mp_policy.reduce_dtype for b in blocks(t)}
+    assert reduce_dtypes(build(training__dtype="bf16", parallel__dp_shard=2)) == {torch.float32}
+    assert reduce_dtypes(build(training__dtype="bf16", parallel__dp_shard=2,
+                               memory__grad_reduce_dtype="bf16")) == {torch.bfloat16}
+    refused_on_load(raw(memory__grad_reduce_dtype="bf16"), "memory.grad_reduce_dtype")
+
+
 def effect_dp_replicate():
     assert build(parallel__dp_replicate=2).model.data_parallel == "ddp"
 
@@ -394,7 +405,7 @@ DECISIONS = {
     "memory.float8": effect_float8, "memory.reshard_after_forward": effect_reshard_after_forward,
     "memory.recompute_modules": refused_recompute_modules,
     "memory.optimizer_state_dtype": refused_optimizer_precision, "memory.main_grads_dtype": refused_optimizer_precision,
-    "memory.offload_modules": refused_offload_modules,
+    "memory.offload_modules": refused_offload_modules, "memory.grad_reduce_dtype": effect_grad_reduce_dtype,
 }
 
 
