@@ -364,8 +364,7 @@ def layout_of(plan: Plan) -> Layout:
     lay = lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules),
                     optimizer_state_bytes=2 * DTYPE_BYTES[m.optimizer_state_dtype or "fp32"],
                     main_grad_bytes=DTYPE_BYTES[m.main_grads_dtype or "fp32"],
-                    grad_reduce_bytes=DTYPE_BYTES[grad_reduce_dtype(plan.stack, m.grad_reduce_dtype,
-                                                                    m.main_grads_dtype)],
+                    grad_reduce_bytes=DTYPE_BYTES[grad_reduce_dtype(plan.stack, m.grad_reduce_dtype, t.dtype)],
                     offload_modules=tuple(m.offload_modules or ()))
     if t.cross_entropy_fusion is not None:
         # Megatron-Core's named loss (rules.CROSS_ENTROPY_FUSIONS): Transformer Engine's fused kernel, or

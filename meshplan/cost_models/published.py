@@ -503,12 +503,12 @@ def optimizer_precision(row: dict[str, str]) -> tuple[str | None, str | None]:
 
 
 def grad_reduce_precision(row: dict[str, str]) -> str | None:
-    """The dtype an MoE row reduced its gradients in (the plan's memory.grad_reduce_dtype; None: the stack's own,
-    fp32 with fp32 main gradients). Megatron-Bridge's performance scripts set ddp.grad_reduce_in_fp32 False
-    for every model they run (scripts/performance/configs/{deepseek,gpt_oss,qwen3}/*_llm_pretrain.py,
-    v0.2.1 to v0.5.0): bf16. The model zoo's and Megatron-LM's scripts name no --grad-reduce-in-bf16 and keep
-    fp32 main gradients, which Megatron-LM then accumulates and reduces in fp32 (arguments.py)."""
-    return "bf16" if row["id"].startswith("mb-") else None
+    """The dtype an MoE row reduced its gradients in (the plan's memory.grad_reduce_dtype; None: Megatron-Core's
+    own, bf16). Megatron-Bridge's performance scripts set ddp.grad_reduce_in_fp32 False for every model they run
+    (scripts/performance/configs/{deepseek,gpt_oss,qwen3}/*_llm_pretrain.py, v0.2.1 to v0.5.0): bf16. The model
+    zoo's and Megatron-LM's notes' runs go through Megatron-LM's arguments.py, name no --grad-reduce-in-bf16 and
+    keep fp32 main gradients, which it then accumulates and reduces in fp32."""
+    return None if row["id"].startswith("mb-") else "fp32"
 
 
 def ep_dispatch(row: dict[str, str]) -> str:

@@ -76,7 +76,7 @@ def parallelize_model(plan: Plan, mesh: Meshes, dims: ParallelDims, device: torc
             for block in model.layers.values():
                 block.compile()
         kind = apply_data_parallel(model, mesh, dims, bool(mem.reshard_after_forward), str(plan.training.dtype),
-                                   grad_reduce_dtype(plan.stack, mem.grad_reduce_dtype, mem.main_grads_dtype))
+                                   grad_reduce_dtype(plan.stack, mem.grad_reduce_dtype, str(plan.training.dtype)))
         model.to_empty(device=device)
         init_weights(model, spec, seed)
         parts.append(model)

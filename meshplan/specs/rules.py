@@ -476,25 +476,26 @@ def precision_aware_reason(stack: str, state_dtype: str | None, grads_dtype: str
     return None
 
 
-# The dtype data-parallel gradients are reduced in (memory.grad_reduce_dtype; None: the stack's own, fp32
-# unless Megatron-Core's main gradients are bf16). fp32 is every stack's default under bf16: FSDP2's
-# reduce_dtype as meshplan's runtime and TorchTitan set it (training.mixed_precision_reduce "float32"),
-# Megatron-LM's "bfloat16 requires gradient accumulation and all-reduce to be done in fp32". bf16 halves the
-# bytes each reduction sends and the buffers gradients accumulate in: FSDP2's MixedPrecisionPolicy
-# reduce_dtype bf16 (TorchTitan's mixed_precision_reduce "bfloat16", which "only takes effect when
-# data_parallel_shard_degree > 1", through fully_shard), Megatron-Core's DistributedDataParallelConfig
-# grad_reduce_in_fp32 False (--grad-reduce-in-bf16; the grad buffer in the parameters' dtype,
-# param_and_grad_buffer.py), which Megatron-Bridge's performance scripts set for every model (v0.2.1 to v0.5.0).
+# The dtype data-parallel gradients are reduced in (memory.grad_reduce_dtype; None: the stack's own).
+# meshplan's runtime and TorchTitan reduce in fp32 under bf16: FSDP2's reduce_dtype as they set it (TorchTitan's
+# training.mixed_precision_reduce "float32"). Megatron-Core reduces in the parameters' dtype: its
+# DistributedDataParallelConfig.grad_reduce_in_fp32 is False by default (the grad buffer in param.dtype,
+# param_and_grad_buffer.py), and Megatron-Bridge's performance scripts set it False for every model they run
+# (v0.2.1 to v0.5.0), as the stack's other features follow those recipes (cost_models/stacks.py); Megatron-LM's
+# own training script turns it on under bf16 with fp32 main gradients ("bfloat16 requires gradient accumulation
+# and all-reduce to be done in fp32", arguments.py), which a plan names as fp32. bf16 halves the bytes each
+# reduction sends and the buffers gradients accumulate in: FSDP2's MixedPrecisionPolicy reduce_dtype bf16
+# (TorchTitan's mixed_precision_reduce "bfloat16", which "only takes effect when data_parallel_shard_degree > 1",
+# through fully_shard), Megatron-Core's grad buffer in bf16 (--grad-reduce-in-bf16).
 GRAD_REDUCE_DTYPES = ("fp32", "bf16")
 
 
-def grad_reduce_dtype(stack: str, chosen: str | None, main_grads_dtype: str | None) -> str:
-    """The dtype a plan's data-parallel gradients are reduced in: the one it names, else its stack's own.
-    Megatron-LM reduces in bf16 where the main gradients are bf16 (arguments.py: accumulation in fp32 is set
-    only with fp32 main gradients)."""
+def grad_reduce_dtype(stack: str, chosen: str | None, dtype: str) -> str:
+    """The dtype a plan's data-parallel gradients are reduced in: the one it names, else its stack's own
+    (Megatron-Core's is the parameters' dtype, the plan's training.dtype)."""
     if chosen is not None:
         return chosen
-    return "bf16" if stack == MEGATRON_CORE and main_grads_dtype == "bf16" else "fp32"
+    return "bf16" if stack == MEGATRON_CORE and dtype == "bf16" else "fp32"
 
 
 def grad_reduce_dtype_reason(stack: str, chosen: str | None, dtype: str, fsdp_size: int,
@@ -503,7 +504,7 @@ def grad_reduce_dtype_reason(stack: str, chosen: str | None, dtype: str, fsdp_si
     none). fsdp_size = dp_shard * cp, or None where a degree is still auto."""
     if chosen != "bf16":
         if stack == MEGATRON_CORE and chosen == "fp32" and main_grads_dtype == "bf16":
-            return "fp32 needs fp32 main gradients (Megatron-LM asserts it): set memory.main_grads_dtype fp32"
+            return "fp32 needs fp32 main gradients (Megatron-LM asserts it): set memory.main_grads_dtype fp32 or drop this"
         return None
     if dtype != "bf16":
         return f"bf16 applies only with training.dtype bf16 (an {dtype} plan's gradients are {dtype}): remove the field"

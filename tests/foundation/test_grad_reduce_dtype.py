@@ -52,11 +52,13 @@ def test_the_field_reads_writes_only_when_set_and_refuses_in_one_line():
     assert err.value.field == "memory.grad_reduce_dtype"
 
 
-def test_each_stack_reduces_in_fp32_unless_told_and_megatron_in_bf16_beside_bf16_main_grads():
-    assert layout_of(plan()).grad_reduce_bytes == 4
-    assert layout_of(plan(grad_reduce_dtype="bf16")).grad_reduce_bytes == 2
-    assert layout_of(plan("megatron-core")).grad_reduce_bytes == 4
-    assert layout_of(plan("megatron-core", main_grads_dtype="bf16")).grad_reduce_bytes == 2
+def test_fsdp2_stacks_reduce_in_fp32_and_megatron_core_in_the_parameters_dtype_unless_told():
+    for stack in ("meshplan", "torchtitan"):
+        assert layout_of(plan(stack)).grad_reduce_bytes == 4
+        assert layout_of(plan(stack, grad_reduce_dtype="bf16")).grad_reduce_bytes == 2
+    assert layout_of(plan("megatron-core")).grad_reduce_bytes == 2  # grad_reduce_in_fp32 False by default
+    assert layout_of(plan("megatron-core", dtype="fp32")).grad_reduce_bytes == 4
+    assert layout_of(plan("megatron-core", grad_reduce_dtype="fp32")).grad_reduce_bytes == 4  # Megatron-LM's script
 
 
 def test_a_bf16_reduce_scatter_sends_half_and_takes_about_half_the_time():
@@ -97,10 +99,10 @@ def test_megatron_cores_gradient_buffer_holds_every_local_parameter_the_whole_st
 
 
 def test_a_run_megatron_bridge_completed_fits_once_reduced_as_its_scripts_reduce():
-    """Qwen3-235B on 64 B200s (25.11) ran; Megatron-Bridge's performance scripts set grad_reduce_in_fp32 False.
-    Priced with an fp32 gradient buffer it would not fit its 180 GB."""
+    """Qwen3-235B on 64 B200s (25.11) ran; Megatron-Bridge's performance scripts leave grad_reduce_in_fp32 False
+    (Megatron-Core's default). Priced with an fp32 gradient buffer it would not fit its 180 GB."""
     row = next(r for r in moe_blackwell_rows() if "mb-25.11-qwen3-235b-b200-64g" in r.label)
-    assert row.plan.memory.grad_reduce_dtype == "bf16"
+    assert row.plan.memory.grad_reduce_dtype is None and layout_of(row.plan).grad_reduce_bytes == 2
     prof = load_profile(row.plan.cluster)
     as_run = estimate_plan(row.plan, prof, **row.layout_overrides)
     fp32 = row.plan.copy()

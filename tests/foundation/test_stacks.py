@@ -118,7 +118,7 @@ def test_megatron_core_names_its_cross_entropy_and_only_it():
 
 def test_megatron_cores_precision_aware_optimizer_keeps_bf16_moments_and_gradients():
     """memory.optimizer_state_dtype / main_grads_dtype (Megatron-Core's exp_avg(_sq)_dtype and main_grads_dtype):
-    bf16 halves AdamW's two moments (8 -> 4 bytes a parameter) and the main gradients' buffer (4 -> 2), and the fused
+    bf16 halves AdamW's two moments (8 -> 4 bytes a parameter) and the main gradients (4 -> 2), and the fused
     step moves 8 + 2 + 2 x 4 = 18 bytes a parameter instead of 28, plus the clip's read of the gradient (2 not
     4); another stack refuses either field in one line; neither is written unless set."""
     from meshplan.cost_models.estimate import optimizer_bytes_per_param
@@ -132,8 +132,10 @@ def test_megatron_cores_precision_aware_optimizer_keeps_bf16_moments_and_gradien
     assert plan_from_dict(bf16.to_dict()).memory.main_grads_dtype == "bf16"
     a, b = estimate_plan(fp32, PROFILE), estimate_plan(bf16, PROFILE)
     assert b.memory_gib["optimizer"] == pytest.approx(a.memory_gib["optimizer"] / 2, rel=1e-12)
-    # bf16 main gradients are reduced in bf16 too (Megatron-LM): the gradient buffer halves
-    assert b.memory_gib["grad_accumulators"] == pytest.approx(a.memory_gib["grad_accumulators"] / 2, rel=1e-12)
+    # The optimizer's shard of the bf16 gradient buffer (Megatron-Core's default reduce dtype) is cast to fp32 main
+    # gradients, 4 bytes a parameter over the 32 ranks; bf16 main gradients view the buffer instead.
+    assert a.memory_gib["grads"] * 2**30 == pytest.approx(4 * fp32.model.num_params() / 32, rel=1e-9)
+    assert b.memory_gib["grads"] == 0
     assert b.memory_gib["params"] == a.memory_gib["params"]  # the fp32 main parameters stay
     assert optimizer_bytes_per_param(layout_of(fp32)) == 28 + 4
     assert optimizer_bytes_per_param(layout_of(bf16)) == 18 + 2
@@ -149,10 +151,11 @@ def test_megatron_core_reduces_gradients_once_per_step():
     """256 sequences over 32 data-parallel ranks at micro-batch 1: 8 micro-batches. FSDP2 (meshplan,
     TorchTitan) reduce-scatters at each, Megatron's DDP once: 8x the reduce-scatter time, by count. What
     each leaves exposed is its window's business (test_data_parallel_comm): FSDP2's 8 reductions hide under
-    the whole step, Megatron-Core's one under one micro-batch's backward."""
+    the whole step, Megatron-Core's one under one micro-batch's backward. Both reduce in fp32 here (Megatron-Core's
+    own default is bf16: test_grad_reduce_dtype.py)."""
     comm = {}
     for stack in ("meshplan", "megatron-core"):
-        lay = runtime_paths(layout_of(on(stack)), PROFILE)
+        lay = runtime_paths(layout_of(on(stack, memory={**RAW["memory"], "grad_reduce_dtype": "fp32"})), PROFILE)
         comm[stack] = data_parallel_comm(lay, PROFILE, group_spans(lay, PROFILE), 0, ComputeWindows(1.0))
     assert comm["meshplan"].reduce_scatter == pytest.approx(8 * comm["megatron-core"].reduce_scatter, rel=1e-12)
     assert comm["meshplan"].all_gather == pytest.approx(comm["megatron-core"].all_gather, rel=1e-12)
