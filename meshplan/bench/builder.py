@@ -15,6 +15,7 @@ from meshplan.cost_models.comm import bus_factor, p2p_time
 from meshplan.profiles import fit
 from meshplan.profiles.fit import TARGET, collective_entry, sig, written_error
 from meshplan.profiles.registry import load_profile, nearest_builtin
+from meshplan.bench.compute import HOST_LINK_BYTES
 from meshplan.bench.env import BenchEnv
 from meshplan.bench.in_step import sync_per_call
 from meshplan.bench.pipeline import action_seconds, payload_bytes as pipeline_payload_bytes
@@ -145,6 +146,14 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
                           "estimate prices them where they outlast the kernels (the host runs ahead)",
     }
     prov["overheads.in_step"] = _in_step_source(raw)
+    if raw.host_link is not None:
+        # Activation offloading writes one way in the forward and reads the other in the backward; the profile
+        # keeps one rate for both, the slower.
+        device["host_link_gbs"] = sig(min(raw.host_link.values()))
+        prov["device.host_link_gbs"] = (f"measured: {HOST_LINK_BYTES >> 20} MiB copies between the device and pinned "
+                                        f"host memory, every rank at once, median over ranks: device to host "
+                                        f"{raw.host_link['d2h_gbs']:.1f} GB/s, host to device {raw.host_link['h2d_gbs']:.1f}"
+                                        f" GB/s; the slower kept")
     return device, prov
 
 

@@ -245,6 +245,23 @@ def bench_copy_bandwidth(env: BenchEnv, settings: ComputeSettings) -> tuple[floa
     return 2.0 * nbytes / meas.median_s / 1e9, meas.spread
 
 
+HOST_LINK_BYTES = 256 << 20  # far past the copy engines' setup, a tenth of a second at most
+
+
+def bench_host_link(env: BenchEnv, settings: ComputeSettings) -> dict[str, float] | None:
+    """GB/s one way between the device and pinned host memory, each direction timed alone: device to host (what
+    activation offloading writes after a module's forward) and host to device (its reload before the backward).
+    Every rank copies at once, as every rank of a run offloads at once, so a host link shared by two GPUs shows.
+    None on a CPU process, whose host memory is its device memory."""
+    if not env.is_cuda:
+        return None
+    host = torch.empty(HOST_LINK_BYTES, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(HOST_LINK_BYTES, dtype=torch.uint8, device=env.device)
+    d2h = time_local(lambda: host.copy_(device, non_blocking=True), env.sync, settings.target_s, settings.min_reps)
+    h2d = time_local(lambda: device.copy_(host, non_blocking=True), env.sync, settings.target_s, settings.min_reps)
+    return {"d2h_gbs": HOST_LINK_BYTES / d2h.median_s / 1e9, "h2d_gbs": HOST_LINK_BYTES / h2d.median_s / 1e9}
+
+
 def warm_up(env: BenchEnv) -> None:
     """First kernels pay for library loading and clock ramp-up; keep that out of the numbers."""
     a = torch.randn(512, 512, device=env.device)

@@ -61,6 +61,7 @@ class RawResults:
     fsdp_steps: dict | None = None  # a small FSDP2 model's steps, sharded and not (CPU worlds of 2+; in_step.py)
     pipeline_steps: list[dict] = field(default_factory=list)  # CPU worlds of 2+ processes (bench/pipeline.py)
     grouped_points: list[dict] = field(default_factory=list)  # routed experts' grouped GEMMs (compute.py)
+    host_link: dict | None = None  # pinned-host copies one way, GB/s each direction (compute.bench_host_link); CUDA only
 
 
 def _median_over_ranks(points: list[dict], keys: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[dict]:
@@ -146,6 +147,7 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     # where it outlasts the kernels on a GPU, where the host runs ahead of them (cost_models/host.py).
     host = bench_host_dispatch(env, 0.1 if opts.quick else 0.3, 5)
     host = HostCosts(*(_scalar_median(v) for v in astuple(host)))
+    host_link = _host_link(env, opts.quick)
     # One process: nothing to communicate with; the builder takes collectives from a built-in profile.
     points = _collective_section(env, opts, sets, budget, rep) if env.world > 1 else []
     in_step = env.world > 1 and not env.is_cuda
@@ -153,7 +155,14 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     pipeline = measure_pipeline_steps(env, opts.quick) if in_step else []
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
     return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
-                      time.time() - start, host, fsdp, pipeline, grouped)
+                      time.time() - start, host, fsdp, pipeline, grouped, host_link)
+
+
+def _host_link(env: BenchEnv, quick: bool) -> dict | None:
+    """Each direction's median over ranks; None on CPU processes (every rank alike, so no collective is left
+    waiting)."""
+    link = compute.bench_host_link(env, compute.ComputeSettings(0.05, 3) if quick else compute.ComputeSettings(0.3, 5))
+    return None if link is None else {k: _scalar_median(v) for k, v in link.items()}
 
 
 def _scalar_min(value: float) -> float:
