@@ -176,6 +176,10 @@ def rank_memory(lay: Layout, rank: int, in_flight: float, overheads: Overheads, 
     mem.parts["fsdp_buffers"] = b.fsdp_buffers
     if b.grad_buffer:
         mem.parts["grad_accumulators"] = b.grad_buffer
+        # The distributed optimizer's fp32 copy of its shard (state_bytes) exists from its step to the next
+        # step's zero_grad, which frees it before the first forward (DistributedOptimizer.zero_grad sets the
+        # shard groups' grads to None): the optimizer step's memory holds it, the passes' do not.
+        mem.parts["grads"] = 0.0
     elif b.accumulates:
         # FSDP2 accumulates unsharded gradients in its reduce dtype (FSDPParam.to_accumulated_grad_if_needed)
         mem.parts["grad_accumulators"] = lay.grad_reduce_bytes * stage_params(lay, rank, accumulating).total

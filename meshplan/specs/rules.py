@@ -498,7 +498,7 @@ def grad_reduce_dtype(stack: str, chosen: str | None, dtype: str) -> str:
     return "bf16" if stack == MEGATRON_CORE and dtype == "bf16" else "fp32"
 
 
-def grad_reduce_dtype_reason(stack: str, chosen: str | None, dtype: str, fsdp_size: int,
+def grad_reduce_dtype_reason(stack: str, chosen: str | None, dtype: str, fsdp_size: int | None,
                              main_grads_dtype: str | None) -> str | None:
     """Why a plan cannot reduce its gradients in `chosen` (memory.grad_reduce_dtype), or None (it can, or names
     none). fsdp_size = dp_shard * cp, or None where a degree is still auto."""
