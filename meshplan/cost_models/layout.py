@@ -9,8 +9,8 @@ from meshplan.cost_models import constants
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import Plan
 from meshplan.cost_models.stacks import MegatronRecompute, stack_changes
-from meshplan.specs.rules import (COMPOSITE, NCCL, cp_attention_kind, cp_kv_repeated, ep_fsdp, grad_reduce_dtype, loss_compiled,
-                                  profile_backend, rms_norm_kernel)
+from meshplan.specs.rules import (COMPOSITE, NCCL, cp_attention_kind, cp_kv_repeated, ep_fsdp, grad_reduce_dtype,
+                                  loss_compiled, profile_backend, rms_norm_kernel)
 
 # Bytes per element of each compute dtype (tf32 is stored as fp32).
 DTYPE_BYTES = {"fp8": 1.0, "bf16": 2.0, "fp16": 2.0, "tf32": 4.0, "fp32": 4.0}

@@ -3,7 +3,8 @@ the 2-D (dp_replicate, dp_shard_cp) mesh, or DDP (FSDP2-style `replicate`) when 
 
 Precision is FSDP2's module-level mixed precision in every layout, as TorchTitan trains: fp32
 sharded (master) parameters and optimizer state, parameters cast to bf16 when they are gathered
-for compute, so activations are bf16 end to end, and gradients reduced and accumulated in fp32.
+for compute, so activations are bf16 end to end, and gradients reduced and accumulated in fp32
+(in bf16 where the plan's memory.grad_reduce_dtype says so).
 A bf16 plan without any data parallelism (TP or PP alone, or one device) still gets fully_shard,
 on its one-rank dp_shard_cp mesh: the same casts, the same bf16 activations and fp32 gradients
 as every other layout, which is what the cost model prices (activations at 2 bytes, fp32 model
@@ -24,8 +25,6 @@ from meshplan.runtime.mesh import Meshes, ParallelDims
 from meshplan.runtime.model import Transformer
 from meshplan.specs.rules import uses_fully_shard
 
-REDUCE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
 
 def mixed_precision(dtype: str, grad_reduce_dtype: str = "fp32") -> MixedPrecisionPolicy:
     """bf16: bf16 compute, gradients reduced in `grad_reduce_dtype` (the plan's memory.grad_reduce_dtype: fp32 by
@@ -33,7 +32,8 @@ def mixed_precision(dtype: str, grad_reduce_dtype: str = "fp32") -> MixedPrecisi
     too), master weights fp32 either way (FSDP2 casts the reduced shard to the sharded parameter's dtype);
     fp32: no casts (the plan refuses a bf16 reduction of fp32 gradients)."""
     if dtype == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=REDUCE_DTYPES[grad_reduce_dtype])
+        reduce_dtype = torch.bfloat16 if grad_reduce_dtype == "bf16" else torch.float32
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
     return MixedPrecisionPolicy()  # the plan schema allows bf16 and fp32 only
 
 
