@@ -14,15 +14,16 @@ from meshplan.cost_models.published import moe_blackwell_rows
 from meshplan.errors import InputError
 from meshplan.profiles.registry import load_profile
 from meshplan.specs.plan import plan_from_dict
+from plan_base import base_plan
 
 GIB = 2**30
 PROFILE = load_profile("h100-80g-dgx")
-RAW = {"version": 1, "model": "llama3-8b", "cluster": "h100-80g-dgx", "gpus": 32,
-       "training": {"seq_len": 8192, "global_batch": 256, "micro_batch": 1, "dtype": "bf16"},
-       "parallel": {"dp_replicate": 1, "dp_shard": 32, "tp": 1, "sequence_parallel": False, "async_tp": False,
-                    "pp": 1, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "cp": 1},
-       "memory": {"activation_checkpointing": "full", "float8": False, "reshard_after_forward": True},
-       "compile": True}
+# Llama 3 8B over 32 H100s, FSDP: base_plan's mapping at a real size
+RAW = base_plan("llama3-8b", "h100-80g-dgx")
+RAW.update(gpus=32, compile=True)
+RAW["training"].update(seq_len=8192, global_batch=256, micro_batch=1)
+RAW["parallel"]["dp_shard"] = 32
+RAW["memory"]["activation_checkpointing"] = "full"
 
 
 def plan(stack: str = "meshplan", dtype: str = "bf16", parallel: dict | None = None, **memory):
