@@ -37,6 +37,14 @@ nvidia-smi --query-gpu=name,memory.total --format=csv
 # The host cost per op: bench/host.py's chains and the runtime's own blocks, and from them moe_op_s and its
 # ratio to the chain (cost_models/host.py MOE_OP_COST_RATIO: 2.18 and 1.78 on two H200 machines' hosts; ~10 s).
 timeout 60 python3 benchmarks/host_costs.py --out "$out" || echo "host_costs failed"
+# The host link profile-cluster times (bench/compute.py bench_host_link, device.host_link_gbs; ~2 s), one GPU alone.
+timeout 30 python3 -c "
+import torch
+from meshplan.bench import compute
+from meshplan.bench.env import BenchEnv
+env = BenchEnv(rank=0, world=1, local_rank=0, local_world=1, nnodes=1, backend='nccl', device=torch.device('cuda', 0))
+print(torch.cuda.get_device_name(0), compute.bench_host_link(env, compute.ComputeSettings(0.3, 5)))
+" > "$out/host_link.txt" 2>&1 || echo "host_link failed"
 work=/tmp/gpu_truth_work
 if [ "${MOE_BUDGET_S:-90}" != 0 ]; then
   python3 benchmarks/gpu_truth.py --no-profile --models moe-1b --top 2 --steps 6 --budget-s "${MOE_BUDGET_S:-90}" \
