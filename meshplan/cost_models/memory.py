@@ -280,7 +280,7 @@ def fragmentation(lay: Layout, overheads: Overheads) -> float:
 def fragmentation_field(lay: Layout, overheads: Overheads) -> str:
     """Which of the profile's overheads prices this layout's allocator slack: the pipelined one where FSDP2
     accumulates gradients across a pipeline's micro-batches, the one it was fitted on (TorchTitan's)."""
-    if overheads.pp_memory_fragmentation is not None and pp_accumulates(lay) and not lay.contiguous_grads:
+    if overheads.pp_memory_fragmentation is not None and pp_accumulates(lay):
         return "pp_memory_fragmentation"
     return "memory_fragmentation"
 
@@ -409,20 +409,23 @@ def phase_memory(lay: Layout, rank: int, phase: int, load: tuple[float, float, f
                  overheads: Overheads) -> RankMemory:
     """A pipeline rank's memory in one phase (see peak_rank_memory) at load = (activation units, kept
     outputs, live losses of the last stage)."""
-    accumulating = phase // 2 if pp_accumulates(lay) and not lay.contiguous_grads else None
+    accumulating = phase // 2 if pp_accumulates(lay) else None
     return rank_memory(lay, rank, load[0], overheads, load[1], accumulating, not phase % 2, load[2])
 
 
 def pp_accumulates(lay: Layout) -> bool:
-    """Whether FSDP2 accumulates this pipelined plan's gradients unsharded, in fp32, across micro-batches.
+    """Whether FSDP2 accumulates this pipelined plan's gradients unsharded, in its reduce dtype, across
+    micro-batches.
 
     Pipelining defers FSDP2's gradient reduction to the last micro-batch (torch.distributed.pipelining's
     stage sets requires_gradient_sync(False)); each FSDP parameter group then casts its unsharded
-    gradient to the reduce dtype (fp32) in its first post-backward and adds into it after
+    gradient to the reduce dtype in its first post-backward and adds into it after
     (FSDPParam.to_accumulated_grad_if_needed). So a stage's accumulators exist from its first weight
     gradient to the step's end, not before: the simulation tracks when each stage reaches that point.
+    A stack whose gradients live in one buffer allocated with the model (Layout.contiguous_grads,
+    contiguous_grad_bytes) accumulates there instead, for the whole step.
     """
-    if lay.pp == 1:
+    if lay.pp == 1 or lay.contiguous_grads:
         return False
     return not (lay.fsdp_shard == 1 and (lay.dp_replicate > 1 or lay.dtype == "fp32"))
 
