@@ -506,6 +506,8 @@ def grad_reduce_dtype_reason(stack: str, chosen: str | None, dtype: str, fsdp_si
         if stack == MEGATRON_CORE and chosen == "fp32" and main_grads_dtype == "bf16":
             return "fp32 needs fp32 main gradients (Megatron-LM asserts it): set memory.main_grads_dtype fp32 or drop this"
         return None
+    if dtype == AUTO:  # the search may pick fp32, whose gradients cannot be reduced in bf16
+        return "bf16 applies only with training.dtype bf16, and training.dtype is auto: set it to bf16"
     if dtype != "bf16":
         return f"bf16 applies only with training.dtype bf16 (an {dtype} plan's gradients are {dtype}): remove the field"
     if stack == TORCHTITAN and fsdp_size == 1:

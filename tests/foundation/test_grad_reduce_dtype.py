@@ -42,6 +42,7 @@ def test_the_field_reads_writes_only_when_set_and_refuses_in_one_line():
     assert "grad_reduce_dtype" not in plan().to_dict()["memory"]
     assert plan_from_dict(plan(grad_reduce_dtype="bf16").to_dict()).memory.grad_reduce_dtype == "bf16"
     assert "training.dtype bf16" in refused(dtype="fp32", grad_reduce_dtype="bf16")
+    assert "training.dtype is auto" in refused(dtype="auto", grad_reduce_dtype="bf16")  # the search may pick fp32
     # TorchTitan's mixed_precision_reduce acts through fully_shard alone
     assert "fully_shard" in refused(stack="torchtitan", grad_reduce_dtype="bf16",
                                     parallel={"dp_shard": 1, "dp_replicate": 32})
