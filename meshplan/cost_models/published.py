@@ -91,6 +91,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 
 from meshplan.cost_models.constants import (IBM_FMS, LLMFOUNDRY, MEGATRON_BRIDGE_MOE, MEGATRON_LM_GB200, MOE_MODEL_ZOO,
+                                            MOE_PARALLEL_FOLDING,
                                             OLMO_CORE, RUNTIME_RUNS, TORCHAO_B200, TORCHAO_FLOAT8,
                                             TORCHTITAN_DOC_2024,
                                             moe_table)
@@ -98,7 +99,7 @@ from meshplan.profiles.registry import load_profile
 from meshplan.specs.model import ModelSpec
 from meshplan.specs.plan import MemorySpec, ParallelSpec, Plan, TrainingSpec, plan_from_dict
 from meshplan.specs.registry import resolve_model
-from meshplan.specs.rules import MEGATRON_CORE, TORCHTITAN
+from meshplan.specs.rules import MEGATRON_CORE, TORCHTITAN, ep_reason
 
 
 @dataclass
@@ -571,6 +572,53 @@ def moe_blackwell_rows() -> list[PublishedRow]:
     return rows
 
 
+
+# Megatron-Core's MoE runs on H100 in Liu et al. 2025, MoE Parallel Folding (arXiv 2504.14960; moe_training_h100.csv):
+# the "MCore w/ Folding" rows whose layout the plan states (EP folded into the attention's data and tensor ranks,
+# expert-TP 1). The paper prints CP/TP/EP/PP/ETP, batch and length; what it leaves out is taken from the
+# benchmarking configs its authors published 18 days before it (yanring/Megatron-MoE-ModelZoo at 78fd4d6,
+# 2025-04-03, whose runtime.conf names the paper's layouts: Mixtral-8x22B TP2 PP8 EP8 on 16 nodes, Qwen2-57B-A14B
+# TP2 PP4 EP4 on 8): micro-batch 1, virtual stages 1 (Mixtral) and 7 (Qwen2), no recompute, the alltoall
+# dispatcher, the distributed optimizer overlapping its gathers and reductions; tp-comm-overlap in Mixtral's yaml,
+# not in Qwen2's; no cross-entropy fusion in either (Megatron-Core's unfused loss). bf16 gradients are reduced in
+# fp32 (Megatron-LM's arguments.py of the time: fp32 main gradients under bf16). The benchmarks drop tokens at
+# capacity factor 1, so no expert holds more than the mean (moe_imbalance 1); without padding to capacity (the
+# paper names none) the dispatcher still syncs the host for the kept tokens (Layout.moe_host_sync, the stack's).
+# The figure is model TFLOP/s per GPU: MFU times the paper's 989.5. The paper prints no FLOP formula; its runs
+# (PyTorch 2.5.0, CUDA 12.6: NGC 24.10) predate Megatron-LM's 8873b55d6a (2025-03-06), which halved the
+# attention term for causal masks, so its count is the full one (validate.py "mcore_full_attention_tflops").
+MOE_H100_MODELS = {"Mixtral-8x22B": "mixtral-8x22b", "Qwen2-57B-A14B": "qwen2-57b-a14b"}
+# Layout fields each model's yaml at 78fd4d6 sets apart from the stack's (stacks.py MEGATRON_CORE).
+MOE_H100_MODEL_OVERRIDES = {"Qwen2-57B-A14B": {"tp_comm_overlap": False}}
+
+
+def moe_h100_rows() -> list[PublishedRow]:
+    rows = []
+    for r in read_published_csv("moe_training_h100.csv"):
+        deg = {k: int(r[k]) for k in ("tp", "pp", "vp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
+                                      "gpus")}
+        label = (f"{r['model']} H100 {deg['gpus']} GPUs TP{deg['tp']} PP{deg['pp']} VP{deg['vp']} CP{deg['cp']} "
+                 f"EP{deg['ep']} mb{deg['micro_batch']} gbs{deg['global_batch']} {r['precision']} ({r['id']})")
+        skipped = ep_reason(resolve_model(MOE_H100_MODELS[r["model"]]), deg["ep"], deg["dp"], deg["cp"], deg["tp"])
+        v = deg["vp"]
+        plan = Plan(
+            model=resolve_model(MOE_H100_MODELS[r["model"]]), cluster="h100-80g-dgx", gpus=deg["gpus"],
+            training=TrainingSpec(seq_len=deg["seq_len"], global_batch=deg["global_batch"],
+                                  micro_batch=deg["micro_batch"], dtype="bf16"),
+            parallel=ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
+                                  async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
+                                  pp_virtual_stages=v, pp_layers=None, cp=deg["cp"], ep=deg["ep"]),
+            memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=r["precision"] != "BF16",
+                              reshard_after_forward=False, grad_reduce_dtype="fp32"),
+            compile=False, stack=MEGATRON_CORE,
+        )
+        rows.append(PublishedRow(moe_table(MOE_PARALLEL_FOLDING, r["model"]), label, plan,
+                                 "mcore_full_attention_tflops", float(r["tflops_per_gpu"]),
+                                 skipped=skipped and f"EP inside the attention's ranks (parallel.ep {skipped})",
+                                 layout_overrides={**MEGATRON_MOE_OVERRIDES,
+                                                   **MOE_H100_MODEL_OVERRIDES.get(r["model"], {})}))
+    return rows
+
 # MPT sizes of llm-foundry's benchmark page: (d_model, n_heads, n_layers) of scripts/train/yamls/pretrain/
 # mpt-<size>.yaml (expansion ratio 4, vocab 50368); with learned positions over the row's sequence and
 # tied embeddings each reproduces the page's NumParams column exactly (tests/foundation/test_llmfoundry_rows.py).
@@ -767,5 +815,5 @@ def all_training_rows() -> list[PublishedRow]:
     runtime's own memory rows."""
     return (megatron_rows() + korthikanti_layer_rows() + torchtitan_rows() + torchtitan_doc_2024_rows()
             + torchao_float8_rows() + torchao_b200_memory_rows()
-            + moe_blackwell_rows() + llmfoundry_rows()
+            + moe_blackwell_rows() + moe_h100_rows() + llmfoundry_rows()
             + ibm_fms_rows() + olmo_core_rows() + runtime_memory_rows())

@@ -40,6 +40,11 @@ MOE_MODELS = [
          rope_theta=1e6, max_seq_len=40960, norm_eps=1e-6),
     _moe("qwen3-235b-a22b", 4096, 94, 64, 4, 12288, 151936, 128, 8, 1536, attention_head_dim=128, qk_norm=True,
          rope_theta=1e6, max_seq_len=40960, norm_eps=1e-6),
+    # Qwen2-57B-A14B: its one shared expert of width 20480 as eight of the routed width (2560): a SwiGLU is a sum
+    # over its hidden units, so the FLOPs, bytes and function are the same. Left out, as too small to price: the
+    # shared expert's scalar sigmoid gate (one row of `dim`) and the q, k, v biases (4608 a layer).
+    _moe("qwen2-57b-a14b", 3584, 28, 28, 4, 18944, 151936, 64, 8, 2560, shared=8, rope_theta=1e6,
+         max_seq_len=131072, norm_eps=1e-6),
     # DeepSeek-V3 671B without its multi-token-prediction module (DeepSeek's 671B excludes it). Its YaRN (factor
     # 40) is left unstated: under MLA it puts no temperature into the rotation (ModelSpec.yarn_mscale), so no
     # stack runs another kernel for it, and the runtime, which builds plain RoPE, runs the registry's model.

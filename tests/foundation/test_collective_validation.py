@@ -12,7 +12,7 @@ from meshplan.profiles.fit import collective_entry
 from meshplan.profiles.registry import load_profile
 
 RUN_TABLES = {"narayanan2021_megatron_weak_scaling.csv", "korthikanti2022_table4_per_layer_time_22B.csv",
-              "torchtitan_llama31_h100_2024-12.csv", "moe_training_blackwell.csv",
+              "torchtitan_llama31_h100_2024-12.csv", "moe_training_blackwell.csv", "moe_training_h100.csv",
               "mosaicml_llmfoundry_mpt_throughput.csv", "ibm_fms_fsdp_llama2_throughput.csv",
               "olmo_core_throughput.csv", "torchtitan_performance_doc_2024.csv", "torchao_float8_training_h100.csv",
               "torchao_mx_training_b200.csv"}
