@@ -6,7 +6,9 @@ of Megatron-Core, whose mechanisms they are, are all MoE rows; memory_rate: whet
 memory-bound rate is sourced or fitted on their rows, all of them MoE rows; attention_rate: whether a
 profile's attention points are derated by the sustained rate, which moves the dense tables too, whose half
 benchmarks/nested_dense_form.py runs; grouped_rate: whether the Blackwell parts price their grouped expert GEMMs
-at the H200's measured shape curve or as matmuls of their own shapes).
+at the H200's measured shape curve or as matmuls of their own shapes; grouped_shape: whether a grouped GEMM's
+rate between and beyond a profile's grouped points is their inverse-distance blend or a saturating form fitted
+to them).
 
 Such a choice moves only constants fitted on these tables (the Blackwell sustained fraction, the MoE host
 time), and only Blackwell profiles price their rows, so the dense tables would add fourteen identical
@@ -19,6 +21,7 @@ here against 13 seconds for one, so its nested run takes about an hour.
     python benchmarks/nested_rate_rows.py memory_rate 2 > benchmarks/results/validate_nested-memory_rate.txt
     python benchmarks/nested_rate_rows.py attention_rate > benchmarks/results/validate_nested-attention_rate-moe.txt
     python benchmarks/nested_rate_rows.py grouped_rate 2 > benchmarks/results/validate_nested-grouped_rate.txt
+    python benchmarks/nested_rate_rows.py grouped_shape 2 > benchmarks/results/validate_nested-grouped_shape.txt
 
 The second argument runs the outer folds in that many processes (the same folds, the same result).
 """
@@ -31,7 +34,7 @@ from meshplan.cost_models import forms
 from meshplan.cost_models.crossval import fold_of, is_moe_source, step_time_rows
 from meshplan.cost_models.nested import nested_cross_validate, nested_text
 
-MOE_ONLY_FORMS = ("rate_rows", "overlap_contention", "memory_rate", "attention_rate", "grouped_rate")
+MOE_ONLY_FORMS = ("rate_rows", "overlap_contention", "memory_rate", "attention_rate", "grouped_rate", "grouped_shape")
 
 
 def main(form: str = "rate_rows", jobs: str = "1") -> None:

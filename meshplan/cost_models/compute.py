@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from meshplan.cost_models import forms
 from meshplan.cost_models.flops import causal_window_keys
@@ -44,8 +45,49 @@ def grouped_matmul_time(device: Device, groups: int, m: float, n: float, k: floa
     if not points or m <= 0:
         return matmul_time(device, m, n, k, dtype)
     shapes = tuple((p["groups"], p["m"], p["n"], p["k"], p["tflops"]) for p in points)
-    tflops = device.sustained_fraction * _interpolate_points(shapes, groups, m, n, k)
-    return 2.0 * m * n * k / (tflops * 1e12)
+    if forms.FORMS.grouped_shape == "saturating":
+        dt = compute_dtype(dtype, device)
+        best = device.peak_tflops[dt] * device.matmul.max_fraction.get(dt, device.matmul.max_fraction.get("bf16", 0.7))
+        rate = _saturating_rate(shapes, best, groups, m, n, k)
+    else:
+        rate = _interpolate_points(shapes, groups, m, n, k)
+    return 2.0 * m * n * k / (device.sustained_fraction * rate * 1e12)
+
+
+# A GEMM's rate grows with each of its dimensions until its tiles fill the GPU, then levels off at the part's
+# best-case rate (its MAMF: the matmul's max_fraction of peak, the rate MAMF's brute-force search found; no
+# grouped GEMM outruns the best dense one): the saturating form rate = best x m/(m+h_m) x n/(n+h_n) x k/(k+h_k),
+# with one half-rate dimension per axis (the dense model's half_dim is one for all) fitted to a profile's
+# grouped points, least squares in log rate.
+_HALF_DIM_START = (2.5, 2.5, 2.5)  # log10 of the three half-rate dimensions
+
+
+@lru_cache(maxsize=64)
+def _saturating_fit(points: tuple, best: float) -> tuple[float, float, float]:
+    """(h_m, h_n, h_k) of the saturating form at `best` TFLOP/s fitted to grouped points (groups, m, n, k, rate)."""
+    shape = np.array([p[1:4] for p in points], dtype=float)
+    log_rate = np.log([p[4] for p in points])
+
+    def residual(x: np.ndarray) -> np.ndarray:
+        return math.log(best) + np.log(shape / (shape + 10.0 ** x)).sum(axis=1) - log_rate
+
+    fit = least_squares(residual, _HALF_DIM_START, bounds=([-3.0] * 3, [6.0] * 3))
+    return tuple(float(10.0 ** v) for v in fit.x)
+
+
+def _saturating_trend(best: float, half: tuple[float, float, float], m: float, n: float, k: float) -> float:
+    hm, hn, hk = half
+    return best * (m / (m + hm)) * (n / (n + hn)) * (k / (k + hk))
+
+
+def _saturating_rate(points: tuple, best: float, groups: float, m: float, n: float, k: float) -> float:
+    """A grouped GEMM's rate under forms.py grouped_shape "saturating": the form fitted to the points, times
+    their own departures from it (log ratio) interpolated as _interpolate_points does, so a measured shape
+    gets its measured rate and one beyond the measured range the form's level, not the points' average;
+    never above `best`."""
+    half = _saturating_fit(points, best)
+    departures = tuple(p[:4] + (math.log(p[4] / _saturating_trend(best, half, *p[1:4])),) for p in points)
+    return min(best, _saturating_trend(best, half, m, n, k) * math.exp(_interpolate_points(departures, groups, m, n, k)))
 
 
 # float8 matmuls (torch._scaled_mm) write their output in bf16; the others in their own dtype.

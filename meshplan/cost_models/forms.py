@@ -150,6 +150,14 @@ class Forms:
     # 0.06387); the procedure scores 11.9 % nested, where matmul alone scores 12.9 % leaving one model out.
     # matmul shipped before.
     grouped_rate: str = "transferred"
+    # How a grouped GEMM's rate is read off a profile's grouped points for a shape between or beyond them
+    # (compute.grouped_matmul_time):
+    # weighted: inverse-distance weighting in log2 of the shape (compute._interpolate_points), exact at a
+    # point; beyond the measured range it tends to the mean of every point, the thin ones among them;
+    # saturating: a saturating form (peak x m/(m+h_m) x n/(n+h_n) x k/(k+h_k)) fitted to the points, times
+    # their departures from it interpolated as above (compute._saturating_rate): exact at a point too, and
+    # beyond the range at the form's level, as a GEMM's rate levels off once its tiles fill the GPU.
+    grouped_shape: str = "weighted"
 
 
 FORMS = Forms()
@@ -163,7 +171,8 @@ ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "
                                             "checkpoint_replay": ("whole", "early_stop"),
                                             "compiled_loss": ("speedup", "fused"),
                                             "attention_rate": ("derated", "in_step"),
-                                            "grouped_rate": ("matmul", "transferred")}
+                                            "grouped_rate": ("matmul", "transferred"),
+                                            "grouped_shape": ("weighted", "saturating")}
 
 
 @contextmanager

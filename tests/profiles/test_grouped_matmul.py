@@ -167,3 +167,40 @@ def test_blackwell_grouped_gemms_follow_the_h200s_shape_curve_only_under_their_f
     with forms.forms(grouped_rate="matmul"):
         assert grouped_matmul_time(h200, 8, 4096, 2048, 768, "bf16") == pytest.approx(
             2 * 4096 * 2048 * 768 / (h200.sustained_fraction * 539e12))
+
+
+def test_saturating_form_recovers_a_known_curve_and_extrapolates_to_its_level():
+    """forms.py grouped_shape "saturating": points drawn from rate = 800 x m/(m+400) x n/(n+800) x k/(k+60) on
+    the H200 grid's shapes give back those half-rate dimensions, and a shape four times past the grid in every
+    axis gets the curve's own rate, by hand; inverse-distance weighting alone returns a blend of the grid's."""
+    from meshplan.cost_models.compute import _interpolate_points, _saturating_fit, _saturating_rate
+
+    def curve(m: float, n: float, k: float) -> float:
+        return 800.0 * m / (m + 400) * n / (n + 800) * k / (k + 60)
+
+    grid = [(64, 768, 2048), (256, 1536, 4096), (1024, 2048, 768), (4096, 2048, 7168), (256, 7168, 2048),
+            (4096, 4096, 1536), (64, 4096, 1536)]
+    points = tuple((8, m, n, k, curve(m, n, k)) for m, n, k in grid)
+    assert _saturating_fit(points, 800.0) == pytest.approx((400.0, 800.0, 60.0), rel=1e-4)
+    far = (16384, 28672, 28672)
+    by_hand = 800.0 * 16384 / 16784 * 28672 / 29472 * 28672 / 28732
+    assert _saturating_rate(points, 800.0, 8, *far) == pytest.approx(by_hand, rel=1e-4)
+    assert _interpolate_points(points, 8, *far) < 0.95 * by_hand
+    for p in points:
+        assert _saturating_rate(points, 800.0, *p[:4]) == pytest.approx(p[4], rel=1e-9)
+
+
+def test_saturating_form_keeps_measured_rates_and_never_passes_the_best_matmul():
+    """On the H200's measured points (the H100 profiles carry them): each measured shape keeps its rate under
+    either form, and no shape, however large, runs above the part's MAMF rate (0.803 x 989 TFLOP/s bf16)."""
+    from meshplan.cost_models import forms
+    dev = load_profile("h100-80g-dgx").device
+    best = dev.matmul.max_fraction["bf16"] * dev.peak_tflops["bf16"]
+    for (m, n, k), rate in H200_GROUPED.items():
+        with forms.forms(grouped_shape="saturating"):
+            t = grouped_matmul_time(dev, 8, m, n, k, "bf16")
+        assert 2 * m * n * k / t / 1e12 / dev.sustained_fraction == pytest.approx(rate, rel=1e-9)
+    for m, n, k in ((4096, 16384, 6144), (65536, 65536, 65536), (4096, 2048, 7168)):
+        with forms.forms(grouped_shape="saturating"):
+            t = grouped_matmul_time(dev, 1, m, n, k, "bf16")
+        assert 2 * m * n * k / t / 1e12 / dev.sustained_fraction <= best * (1 + 1e-12)
