@@ -157,7 +157,13 @@ class Forms:
     # saturating: a saturating form (peak x m/(m+h_m) x n/(n+h_n) x k/(k+h_k)) fitted to the points, times
     # their departures from it interpolated as above (compute._saturating_rate): exact at a point too, and
     # beyond the range at the form's level, as a GEMM's rate levels off once its tiles fill the GPU.
-    grouped_shape: str = "weighted"
+    # Chosen by nested cross-validation on the MoE tables, the only rows it moves, with Megatron-Core's H100 runs
+    # of the MoE Parallel Folding paper among them (benchmarks/nested_rate_rows.py grouped_shape,
+    # benchmarks/results/validate_nested-grouped_shape.txt, 277d9ac): saturating on every table (inner error
+    # 0.05312 against 0.06921) and in 4 of 6 folds; Qwen3-235B-A22B's and Mixtral-8x22B's chose weighted
+    # (0.07991 against 0.08297, 0.05596 against 0.05694). weighted shipped before: it read Mixtral-8x22B's
+    # expert, 4096 tokens of 6144 x 16384 on an H100, at 528 TFLOP/s where the grid's largest shape ran 765.
+    grouped_shape: str = "saturating"
 
 
 FORMS = Forms()
