@@ -45,12 +45,14 @@ def grouped_matmul_time(device: Device, groups: int, m: float, n: float, k: floa
     if not points or m <= 0:
         return matmul_time(device, m, n, k, dtype)
     shapes = tuple((p["groups"], p["m"], p["n"], p["k"], p["tflops"]) for p in points)
-    if forms.FORMS.grouped_shape == "saturating":
+    shape_form = forms.FORMS.grouped_shape
+    if shape_form == "weighted":
+        rate = _interpolate_points(shapes, groups, m, n, k)
+    else:
         dt = compute_dtype(dtype, device)
         best = device.peak_tflops[dt] * device.matmul.max_fraction.get(dt, device.matmul.max_fraction.get("bf16", 0.7))
-        rate = _saturating_rate(shapes, best, groups, m, n, k)
-    else:
-        rate = _interpolate_points(shapes, groups, m, n, k)
+        fn = _saturating_rate if shape_form == "saturating" else _extrapolated_rate
+        rate = fn(shapes, best, groups, m, n, k)
     return 2.0 * m * n * k / (device.sustained_fraction * rate * 1e12)
 
 
@@ -88,6 +90,21 @@ def _saturating_rate(points: tuple, best: float, groups: float, m: float, n: flo
     half = _saturating_fit(points, best)
     departures = tuple(p[:4] + (math.log(p[4] / _saturating_trend(best, half, *p[1:4])),) for p in points)
     return min(best, _saturating_trend(best, half, m, n, k) * math.exp(_interpolate_points(departures, groups, m, n, k)))
+
+
+def _extrapolated_rate(points: tuple, best: float, groups: float, m: float, n: float, k: float) -> float:
+    """A grouped GEMM's rate under forms.py grouped_shape "extrapolated": inside the measured range of every
+    axis the points' inverse-distance blend (_interpolate_points); beyond it, that blend at the range's edge
+    times the saturating form's growth from the edge to the shape (_saturating_fit), never above `best`."""
+    shape = (m, n, k)
+    lo = [min(p[1 + i] for p in points) for i in range(3)]
+    hi = [max(p[1 + i] for p in points) for i in range(3)]
+    edge = tuple(min(max(x, a), b) for x, a, b in zip(shape, lo, hi))
+    rate = _interpolate_points(points, groups, *edge)
+    if edge == shape:
+        return rate
+    half = _saturating_fit(points, best)
+    return min(best, rate * _saturating_trend(best, half, *shape) / _saturating_trend(best, half, *edge))
 
 
 # float8 matmuls (torch._scaled_mm) write their output in bf16; the others in their own dtype.

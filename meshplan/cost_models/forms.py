@@ -156,7 +156,9 @@ class Forms:
     # point; beyond the measured range it tends to the mean of every point, the thin ones among them;
     # saturating: a saturating form (peak x m/(m+h_m) x n/(n+h_n) x k/(k+h_k)) fitted to the points, times
     # their departures from it interpolated as above (compute._saturating_rate): exact at a point too, and
-    # beyond the range at the form's level, as a GEMM's rate levels off once its tiles fill the GPU.
+    # beyond the range at the form's level, as a GEMM's rate levels off once its tiles fill the GPU;
+    # extrapolated: weighted inside the measured range of every axis; beyond it, the weighted rate at the
+    # range's edge times the saturating form's growth from there (compute._extrapolated_rate).
     # Chosen by nested cross-validation on the MoE tables, the only rows it moves, with Megatron-Core's H100 runs
     # of the MoE Parallel Folding paper among them (benchmarks/nested_rate_rows.py grouped_shape,
     # benchmarks/results/validate_nested-grouped_shape.txt, 277d9ac): saturating on every table (inner error
@@ -178,7 +180,7 @@ ALTERNATIVES: dict[str, tuple[str, ...]] = {"async_tp": ("traffic", "window"), "
                                             "compiled_loss": ("speedup", "fused"),
                                             "attention_rate": ("derated", "in_step"),
                                             "grouped_rate": ("matmul", "transferred"),
-                                            "grouped_shape": ("weighted", "saturating")}
+                                            "grouped_shape": ("weighted", "saturating", "extrapolated")}
 
 
 @contextmanager
