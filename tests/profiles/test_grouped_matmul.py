@@ -204,3 +204,29 @@ def test_saturating_form_keeps_measured_rates_and_never_passes_the_best_matmul()
         with forms.forms(grouped_shape="saturating"):
             t = grouped_matmul_time(dev, 1, m, n, k, "bf16")
         assert 2 * m * n * k / t / 1e12 / dev.sustained_fraction <= best * (1 + 1e-12)
+
+
+def test_extrapolated_form_is_the_blend_inside_the_grid_and_the_curves_growth_beyond_it():
+    """forms.py grouped_shape "extrapolated": inside the measured range of every axis the points' blend itself;
+    twice past the grid's largest token count (8192 against 4096), the blend at 4096 times the fitted curve's
+    growth from 4096 to 8192 tokens, m/(m+h_m) at each, by hand; never above the part's best."""
+    from meshplan.cost_models.compute import _extrapolated_rate, _interpolate_points, _saturating_fit
+
+    def curve(m: float, n: float, k: float) -> float:
+        return 800.0 * m / (m + 400) * n / (n + 800) * k / (k + 60)
+
+    grid = [(64, 768, 2048), (256, 1536, 4096), (1024, 2048, 768), (4096, 2048, 7168), (256, 7168, 2048),
+            (4096, 4096, 1536), (64, 4096, 1536)]
+    points = tuple((8, m, n, k, 0.9 * curve(m, n, k)) for m, n, k in grid)  # measured at 0.9 of the curve
+    inside = (8, 512, 3000, 3000)
+    assert _extrapolated_rate(points, 800.0, *inside) == _interpolate_points(points, *inside)
+    hm = _saturating_fit(points, 800.0)[0]
+    edge = _interpolate_points(points, 8, 4096, 2048, 7168)
+    by_hand = edge * (8192 / (8192 + hm)) / (4096 / (4096 + hm))
+    assert _extrapolated_rate(points, 800.0, 8, 8192, 2048, 7168) == pytest.approx(by_hand, rel=1e-12)
+    # Far past the grid in every axis: the blend at the grid's corner over the curve's level there, times 800.
+    h = _saturating_fit(points, 800.0)
+    corner = (4096, 7168, 7168)
+    level = 800.0 * (corner[0] / (corner[0] + h[0])) * (corner[1] / (corner[1] + h[1])) * (corner[2] / (corner[2] + h[2]))
+    far = _interpolate_points(points, 8, *corner) * 800.0 / level
+    assert _extrapolated_rate(points, 800.0, 8, 1e12, 1e12, 1e12) == pytest.approx(min(800.0, far), rel=1e-6)
