@@ -161,10 +161,12 @@ class Forms:
     # range's edge times the saturating form's growth from there (compute._extrapolated_rate).
     # Chosen by nested cross-validation on the MoE tables, the only rows it moves, with Megatron-Core's H100 runs
     # of the MoE Parallel Folding paper among them (benchmarks/nested_rate_rows.py grouped_shape,
-    # benchmarks/results/validate_nested-grouped_shape.txt, 277d9ac): saturating on every table (inner error
-    # 0.05312 against 0.06921) and in 4 of 6 folds; Qwen3-235B-A22B's and Mixtral-8x22B's chose weighted
-    # (0.07991 against 0.08297, 0.05596 against 0.05694). weighted shipped before: it read Mixtral-8x22B's
-    # expert, 4096 tokens of 6144 x 16384 on an H100, at 528 TFLOP/s where the grid's largest shape ran 765.
+    # benchmarks/results/validate_nested-grouped_shape.txt, a4bb21b): saturating on every table (inner error
+    # 0.05312 against 0.06036 extrapolated and 0.06921 weighted) and in 4 of 6 folds; Qwen3-235B-A22B's chose
+    # weighted (0.07991 against 0.08297), Mixtral-8x22B's extrapolated (0.05402 against 0.05694). weighted
+    # shipped before: it read Mixtral-8x22B's expert, 4096 tokens of 6144 x 16384 on an H100, at 528 TFLOP/s
+    # where the grid's largest shape ran 765 (saturating: 794, the part's MAMF). The Blackwell rows alone score
+    # worse under it out of sample (docs/cost-model.md), the H100 rows far better.
     grouped_shape: str = "saturating"
 
 
