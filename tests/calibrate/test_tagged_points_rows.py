@@ -1,6 +1,7 @@
 """Which published rows the tagged profile points price (forms.py attention_rate and grouped_rate choose on
 the MoE tables alone because of this): no dense row's attention runs a point tagged in_step, and no dense row
-runs on a part carrying transferred grouped points; every Blackwell MoE row's attention runs in_step points."""
+runs on a part carrying transferred grouped points; every MoE row's attention runs in_step points (cuDNN's, which
+Transformer Engine runs), and the Blackwell ones run transferred grouped points, the H100 ones the H200's own."""
 
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ def test_dense_rows_run_no_tagged_point_and_blackwell_moe_rows_run_in_step_ones(
         prof, pts = _attention_points(r)
         assert not any(p.get("in_step") for p in pts), r.label
         assert not any(p.get("transferred") for p in prof.device.matmul.grouped_points), r.label
+    parts = {"NVIDIA B200 180GB": True, "NVIDIA GB200": True, "NVIDIA H100 SXM 80GB": False}  # transferred?
     for r in moe:
         prof, pts = _attention_points(r)
-        assert prof.device.name in ("NVIDIA B200 180GB", "NVIDIA GB200"), r.label
+        assert prof.device.name in parts, r.label
         assert pts and all(p.get("in_step") for p in pts), r.label
-        assert any(p.get("transferred") for p in prof.device.matmul.grouped_points), r.label
+        transferred = [p.get("transferred", False) for p in prof.device.matmul.grouped_points]
+        assert transferred and all(t == parts[prof.device.name] for t in transferred), r.label
