@@ -57,6 +57,10 @@ is assumed once here, and printed by `meshplan validate`:
   across nodes once per destination node (DEEPEP_ROWS, the plan's parallel.ep_dispatch). The figure
   is tokens/s per GPU where the page prints it, else Megatron-Core's model TFLOP/s per GPU
   (flops.model_flops_per_token with causal attention).
+- Megatron-Core MoE runs on H100 (moe_training_h100.csv; Liu et al. 2025, MoE Parallel Folding), priced as the
+  Blackwell rows are where the paper's runs did the same, and as moe_h100_rows says where not: token-drop at
+  capacity factor 1 (no expert over the mean), the settings the paper omits from its authors' configs of its
+  date, the figure Megatron-Core's TFLOP/s with the attention counted whole. Scored, fitted on by nothing.
 - MosaicML llm-foundry MPT (mosaicml_llmfoundry_mpt_throughput.csv; PyTorch FSDP1 through Composer,
   2023-24): MPT as a GPT block (LayerNorm, GELU MLP 4x, learned positions, tied embeddings; the
   page's parameter counts exactly), data parallel only: FULL_SHARD as FSDP with reshard after
