@@ -576,7 +576,6 @@ def moe_blackwell_rows() -> list[PublishedRow]:
     return rows
 
 
-
 # Megatron-Core's MoE runs on H100 in Liu et al. 2025, MoE Parallel Folding (arXiv 2504.14960; moe_training_h100.csv):
 # the "MCore w/ Folding" rows whose layout the plan states (EP folded into the attention's data and tensor ranks,
 # expert-TP 1). The paper prints CP/TP/EP/PP/ETP, batch and length; what it leaves out is taken from the
@@ -597,6 +596,8 @@ MOE_H100_MODEL_OVERRIDES = {"Qwen2-57B-A14B": {"tp_comm_overlap": False}}
 
 
 def moe_h100_rows() -> list[PublishedRow]:
+    """The H100 MoE rows (moe_training_h100.csv), priced as the comment above says; a row whose EP the plan cannot
+    fold (rules.ep_reason) is skipped with that reason."""
     rows = []
     for r in read_published_csv("moe_training_h100.csv"):
         deg = {k: int(r[k]) for k in ("tp", "pp", "vp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
@@ -622,6 +623,7 @@ def moe_h100_rows() -> list[PublishedRow]:
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES,
                                                    **MOE_H100_MODEL_OVERRIDES.get(r["model"], {})}))
     return rows
+
 
 # MPT sizes of llm-foundry's benchmark page: (d_model, n_heads, n_layers) of scripts/train/yamls/pretrain/
 # mpt-<size>.yaml (expansion ratio 4, vocab 50368); with learned positions over the row's sequence and
