@@ -20,6 +20,11 @@ def compute_dtype(dtype: str, device: Device) -> str:
     return dtype if dtype in device.peak_tflops else ("fp32" if "fp32" in device.peak_tflops else "bf16")
 
 
+def best_case_tflops(device: Device, dtype: str) -> float:
+    """The part's best matmul rate in a compute dtype: its max_fraction of peak (MAMF's best shape)."""
+    return device.peak_tflops[dtype] * device.matmul.max_fraction.get(dtype, device.matmul.max_fraction.get("bf16", 0.7))
+
+
 def matmul_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> float:
     """Achievable TFLOP/s of an (m x k) @ (k x n) matmul."""
     dtype = compute_dtype(dtype, device)
@@ -27,10 +32,8 @@ def matmul_tflops(device: Device, m: float, n: float, k: float, dtype: str) -> f
     sustained = device.sustained_fraction  # best-case benchmark rate -> what training sustains
     if points:
         return sustained * _interpolate_points(tuple((p["m"], p["n"], p["k"], p["tflops"]) for p in points), m, n, k)
-    peak = device.peak_tflops[dtype]
-    frac = device.matmul.max_fraction.get(dtype, device.matmul.max_fraction.get("bf16", 0.7))
     h = device.matmul.half_dim
-    compute_bound = sustained * peak * frac * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
+    compute_bound = sustained * best_case_tflops(device, dtype) * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
     return min(compute_bound, _memory_bound_tflops(device, m, n, k, dtype))
 
 
@@ -49,8 +52,7 @@ def grouped_matmul_time(device: Device, groups: int, m: float, n: float, k: floa
     if shape_form == "weighted":
         rate = _interpolate_points(shapes, groups, m, n, k)
     else:
-        dt = compute_dtype(dtype, device)
-        best = device.peak_tflops[dt] * device.matmul.max_fraction.get(dt, device.matmul.max_fraction.get("bf16", 0.7))
+        best = best_case_tflops(device, compute_dtype(dtype, device))
         fn = _saturating_rate if shape_form == "saturating" else _extrapolated_rate
         rate = fn(shapes, best, groups, m, n, k)
     return 2.0 * m * n * k / (device.sustained_fraction * rate * 1e12)
@@ -88,8 +90,15 @@ def _saturating_rate(points: tuple, best: float, groups: float, m: float, n: flo
     gets its measured rate and one beyond the measured range the form's level, not the points' average;
     never above `best`."""
     half = _saturating_fit(points, best)
-    departures = tuple(p[:4] + (math.log(p[4] / _saturating_trend(best, half, *p[1:4])),) for p in points)
+    departures = _saturating_departures(points, best)
     return min(best, _saturating_trend(best, half, m, n, k) * math.exp(_interpolate_points(departures, groups, m, n, k)))
+
+
+@lru_cache(maxsize=64)
+def _saturating_departures(points: tuple, best: float) -> tuple:
+    """Each point with its log ratio to the fitted form in place of its rate: once per profile, not per call."""
+    half = _saturating_fit(points, best)
+    return tuple(p[:4] + (math.log(p[4] / _saturating_trend(best, half, *p[1:4])),) for p in points)
 
 
 def _extrapolated_rate(points: tuple, best: float, groups: float, m: float, n: float, k: float) -> float:

@@ -530,14 +530,32 @@ def moe_row_table(row: dict[str, str]) -> str:
     return moe_table(MOE_SOURCE_BY_PREFIX[row["id"].split("-")[0]], row["model"])
 
 
+def moe_degrees(r: dict[str, str]) -> dict[str, int]:
+    """An MoE row's degrees, batch and length (moe_training_blackwell.csv and moe_training_h100.csv alike)."""
+    return {k: int(r[k]) for k in ("tp", "pp", "vp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
+                                   "gpus")}
+
+
+def moe_label(r: dict[str, str], deg: dict[str, int]) -> str:
+    return (f"{r['model']} {r['gpu']} {deg['gpus']} GPUs TP{deg['tp']} PP{deg['pp']} VP{deg['vp']} CP{deg['cp']} "
+            f"EP{deg['ep']} mb{deg['micro_batch']} gbs{deg['global_batch']} {r['precision']} ({r['id']})")
+
+
+def moe_parallel(deg: dict[str, int], **more) -> ParallelSpec:
+    """An MoE row's mesh as Megatron-Core ran it: DP as FSDP-sharded ranks, SP with TP, Interleaved 1F1B with
+    virtual stages; `more` sets the ParallelSpec fields a source states (pipeline layout, dispatch, EP overlap)."""
+    v = deg["vp"]
+    return ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
+                        async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
+                        pp_virtual_stages=v, cp=deg["cp"], ep=deg["ep"], **more)
+
+
 def moe_blackwell_rows() -> list[PublishedRow]:
     rows = []
     for r in read_published_csv("moe_training_blackwell.csv"):
-        deg = {k: int(r[k]) for k in ("tp", "pp", "vp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
-                                      "gpus")}
+        deg = moe_degrees(r)
         fp8 = r["precision"] != "BF16"
-        label = (f"{r['model']} {r['gpu']} {deg['gpus']} GPUs TP{deg['tp']} PP{deg['pp']} VP{deg['vp']} CP{deg['cp']} "
-                 f"EP{deg['ep']} mb{deg['micro_batch']} gbs{deg['global_batch']} {r['precision']} ({r['id']})")
+        label = moe_label(r, deg)
         skipped = None
         if r["routing"].startswith("token-drop"):
             skipped = "token-drop routing, capacity factor not printed"
@@ -550,10 +568,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
             training=TrainingSpec(seq_len=deg["seq_len"], global_batch=deg["global_batch"],
                                   micro_batch=deg["micro_batch"], dtype="bf16", mtp_layers=mtp_layers(r),
                                   cross_entropy_fusion=cross_entropy_fusion(r)),
-            parallel=ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
-                                  async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
-                                  pp_virtual_stages=v, pp_layers=deepseek_v3_layout(r, deg["pp"], v), cp=deg["cp"],
-                                  ep=deg["ep"], ep_dispatch=ep_dispatch(r), ep_overlap=ep_overlapped(r)),
+            parallel=moe_parallel(deg, pp_layers=deepseek_v3_layout(r, deg["pp"], v), ep_dispatch=ep_dispatch(r),
+                                  ep_overlap=ep_overlapped(r)),
             memory=MemorySpec(activation_checkpointing="selective" if modules else "none", sac_ops=None, float8=fp8,
                               reshard_after_forward=False, recompute_modules=list(modules) or None,
                               optimizer_state_dtype=optimizer_precision(r)[0],
@@ -600,24 +616,19 @@ def moe_h100_rows() -> list[PublishedRow]:
     fold (rules.ep_reason) is skipped with that reason."""
     rows = []
     for r in read_published_csv("moe_training_h100.csv"):
-        deg = {k: int(r[k]) for k in ("tp", "pp", "vp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
-                                      "gpus")}
-        label = (f"{r['model']} H100 {deg['gpus']} GPUs TP{deg['tp']} PP{deg['pp']} VP{deg['vp']} CP{deg['cp']} "
-                 f"EP{deg['ep']} mb{deg['micro_batch']} gbs{deg['global_batch']} {r['precision']} ({r['id']})")
-        skipped = ep_reason(resolve_model(MOE_H100_MODELS[r["model"]]), deg["ep"], deg["dp"], deg["cp"], deg["tp"])
-        v = deg["vp"]
+        deg = moe_degrees(r)
+        spec = resolve_model(MOE_H100_MODELS[r["model"]])
+        skipped = ep_reason(spec, deg["ep"], deg["dp"], deg["cp"], deg["tp"])
         plan = Plan(
-            model=resolve_model(MOE_H100_MODELS[r["model"]]), cluster="h100-80g-dgx", gpus=deg["gpus"],
+            model=spec, cluster="h100-80g-dgx", gpus=deg["gpus"],
             training=TrainingSpec(seq_len=deg["seq_len"], global_batch=deg["global_batch"],
                                   micro_batch=deg["micro_batch"], dtype="bf16"),
-            parallel=ParallelSpec(dp_replicate=1, dp_shard=deg["dp"], tp=deg["tp"], sequence_parallel=deg["tp"] > 1,
-                                  async_tp=False, pp=deg["pp"], pp_schedule="Interleaved1F1B" if v > 1 else "1F1B",
-                                  pp_virtual_stages=v, pp_layers=None, cp=deg["cp"], ep=deg["ep"]),
+            parallel=moe_parallel(deg),
             memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=r["precision"] != "BF16",
                               reshard_after_forward=False, grad_reduce_dtype="fp32"),
             compile=False, stack=MEGATRON_CORE,
         )
-        rows.append(PublishedRow(moe_table(MOE_PARALLEL_FOLDING, r["model"]), label, plan,
+        rows.append(PublishedRow(moe_table(MOE_PARALLEL_FOLDING, r["model"]), moe_label(r, deg), plan,
                                  "mcore_full_attention_tflops", float(r["tflops_per_gpu"]),
                                  skipped=skipped and f"EP inside the attention's ranks (parallel.ep {skipped})",
                                  layout_overrides={**MEGATRON_MOE_OVERRIDES,
