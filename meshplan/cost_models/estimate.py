@@ -234,7 +234,7 @@ def block_key(lay: Layout, spans: dict[str, GroupSpan]) -> tuple:
     group = ep_span(spans, lay.ep, lay.cp, lay.tp) if lay.ep > 1 else None
     overlapped = ep_alone_share(lay) if lay.ep_overlap and lay.n_micro >= 2 else None  # timing.ep_exposed
     return key + (lay.ep, lay.moe_imbalance, group, overlapped, lay.moe_host_sync, lay.moe_fused_mlp, lay.ep_dispatch,
-                  lay.moe_tp_gather)
+                  lay.moe_tp_gather, lay.shared_expert_overlap)
 
 
 @dataclass

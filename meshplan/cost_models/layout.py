@@ -123,6 +123,10 @@ class Layout:
     # (Megatron-Core's overlap_moe_expert_parallel_comm, opt-in; meshplan's runtime and TorchTitan issue
     # them in line): timing.ep_exposed prices what is left.
     ep_overlap: bool = False
+    # Whether the stack runs an MoE layer's shared experts on their own stream beside the dispatch and combine
+    # all-to-alls (Megatron-Core's moe_shared_expert_overlap, opt-in; meshplan's runtime and TorchTitan run them
+    # in line): timing.shared_expert_exposed prices what is left.
+    shared_expert_overlap: bool = False
     # How dispatch and combine cross nodes (moe.ep_comm_forward): all_to_all (NCCL's all-to-all, a copy
     # per token-expert pair: meshplan's runtime, TorchTitan, Megatron-Core's alltoall dispatcher) |
     # deepep (DeepEP's normal internode kernels, Megatron-Core's flex dispatcher with the deepep
@@ -360,6 +364,7 @@ def layout_of(plan: Plan) -> Layout:
         float8=bool(m.float8), reshard_after_forward=bool(m.reshard_after_forward), compile=bool(plan.compile),
         ep=int(p.ep), moe_imbalance=default_imbalance(plan.model), mtp_layers=int(t.mtp_layers),
         ep_dispatch=p.ep_dispatch, ep_overlap=bool(p.ep_overlap),
+        shared_expert_overlap=bool(p.shared_expert_overlap),
     )
     lay = lay.with_(**stack_changes(plan.stack, lay.ac, sac_ops, modules),
                     optimizer_state_bytes=2 * DTYPE_BYTES[m.optimizer_state_dtype or "fp32"],

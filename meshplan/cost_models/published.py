@@ -368,6 +368,15 @@ EP_OVERLAP_ROWS = frozenset({
 DEEPEP_ROWS = frozenset({
     "mb-26.04.01-dsv3-b200-256g-mxfp8-gbs4096",  # EP32 over four DGX B200 nodes (PR #3368)
 })
+# Rows whose recipe ran Megatron-Core's shared-expert overlap (the plan's parallel.shared_expert_overlap), same
+# file. Megatron-Bridge's DeepSeek provider turns it on (deepseek_provider.py moe_shared_expert_overlap True at
+# v0.2.0; the DeepSeek-V3 recipes from v0.4.0), and apply_flex_dispatcher_backend turns it off wherever a
+# recipe names a flex backend the GPU takes (training/flex_dispatcher_backend.py): HybridEP on GB200 from
+# v0.2.0 and on B200 from v0.3.0 (DEEPSEEK_V3_PRETRAIN_CONFIG_B200_V1), DeepEP, as the scripts' A2A-overlap
+# preset does (set_moe_a2a_overlap_overrides). That leaves the 25.11 B200 row: v0.2.x's
+# DEEPSEEK_V3_B200_BASE_CONFIG names no backend, so its alltoall dispatcher keeps the provider's overlap. Qwen3
+# and GPT-OSS have no shared experts; Megatron-LM's GB200 notes name no such flag, and its default is off.
+SHARED_EXPERT_OVERLAP_ROWS = frozenset({"mb-25.11-dsv3-b200-256g-fp8-mx-gbs2048-mtp"})
 
 
 def cross_entropy_fusion(row: dict[str, str]) -> str:
@@ -569,7 +578,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
                                   micro_batch=deg["micro_batch"], dtype="bf16", mtp_layers=mtp_layers(r),
                                   cross_entropy_fusion=cross_entropy_fusion(r)),
             parallel=moe_parallel(deg, pp_layers=deepseek_v3_layout(r, deg["pp"], v), ep_dispatch=ep_dispatch(r),
-                                  ep_overlap=ep_overlapped(r)),
+                                  ep_overlap=ep_overlapped(r),
+                                  shared_expert_overlap=r["id"] in SHARED_EXPERT_OVERLAP_ROWS),
             memory=MemorySpec(activation_checkpointing="selective" if modules else "none", sac_ops=None, float8=fp8,
                               reshard_after_forward=False, recompute_modules=list(modules) or None,
                               optimizer_state_dtype=optimizer_precision(r)[0],
@@ -599,7 +609,7 @@ def moe_blackwell_rows() -> list[PublishedRow]:
 # 2025-04-03, whose runtime.conf names the paper's layouts: Mixtral-8x22B TP2 PP8 EP8 on 16 nodes, Qwen2-57B-A14B
 # TP2 PP4 EP4 on 8): micro-batch 1, virtual stages 1 (Mixtral) and 7 (Qwen2), no recompute, the alltoall
 # dispatcher, the distributed optimizer overlapping its gathers and reductions; tp-comm-overlap in Mixtral's yaml,
-# not in Qwen2's; no cross-entropy fusion in either (Megatron-Core's unfused loss). bf16 gradients are reduced in
+# not in Qwen2's; the shared-expert overlap in Qwen2's; no cross-entropy fusion in either (Megatron-Core's unfused loss). bf16 gradients are reduced in
 # fp32 (Megatron-LM's arguments.py of the time: fp32 main gradients under bf16). The benchmarks drop tokens at
 # capacity factor 1, so no expert holds more than the mean (moe_imbalance 1); without padding to capacity (the
 # paper names none) the dispatcher still syncs the host for the kept tokens (Layout.moe_host_sync, the stack's).
@@ -609,6 +619,9 @@ def moe_blackwell_rows() -> list[PublishedRow]:
 MOE_H100_MODELS = {"Mixtral-8x22B": "mixtral-8x22b", "Qwen2-57B-A14B": "qwen2-57b-a14b"}
 # Layout fields each model's yaml at 78fd4d6 sets apart from the stack's (stacks.py MEGATRON_CORE).
 MOE_H100_MODEL_OVERRIDES = {"Qwen2-57B-A14B": {"tp_comm_overlap": False}}
+# Plan fields each model's yaml at 78fd4d6 sets: Qwen2-57B-A14B's --moe-shared-expert-overlap (its shared expert
+# beside the all-to-alls; Mixtral has none).
+MOE_H100_MODEL_PARALLEL = {"Qwen2-57B-A14B": {"shared_expert_overlap": True}}
 
 
 def moe_h100_rows() -> list[PublishedRow]:
@@ -623,7 +636,7 @@ def moe_h100_rows() -> list[PublishedRow]:
             model=spec, cluster="h100-80g-dgx", gpus=deg["gpus"],
             training=TrainingSpec(seq_len=deg["seq_len"], global_batch=deg["global_batch"],
                                   micro_batch=deg["micro_batch"], dtype="bf16"),
-            parallel=moe_parallel(deg),
+            parallel=moe_parallel(deg, **MOE_H100_MODEL_PARALLEL.get(r["model"], {})),
             memory=MemorySpec(activation_checkpointing="none", sac_ops=None, float8=r["precision"] != "BF16",
                               reshard_after_forward=False, grad_reduce_dtype="fp32"),
             compile=False, stack=MEGATRON_CORE,

@@ -10,8 +10,8 @@ from meshplan.cost_models.activations import (attention_core_only, megatron_reco
                                               megatron_recomputed_norms, recomputed_kinds, replay_stops_early)
 from meshplan.cost_models.comm import GroupSpan, collective_time, runs_nccl
 from meshplan.cost_models.compute import attention_tflops, matmul_time, memory_bound_time
-from meshplan.cost_models.flops import (attention_flops_per_token, block_matmuls, expert_matmuls, logits_matmul,
-                                       sac_kind)
+from meshplan.cost_models.flops import (Matmul, attention_flops_per_token, block_matmuls, expert_matmuls,
+                                       logits_matmul, sac_kind, shared_expert_matmuls)
 from meshplan.cost_models.host import block_host, embedding_host, head_host, host_added, host_beyond
 from meshplan.cost_models.layout import Layout
 from meshplan.cost_models.memory import offloaded_block_bytes
@@ -116,8 +116,13 @@ def block_time(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], l
         ep_fwd = ep_comm_forward(lay.spec, r, lay.ep, lay.act_bytes, prof, ep_span(spans, lay.ep, lay.cp, lay.tp),
                                  lay.ep_dispatch)
         bt.ep_comm_issued = ep_fwd * (bt.forward_passes + 1)
-        bt.ep_comm = ep_exposed(lay, bt.ep_comm_issued, bt.forward + bt.backward_input + bt.backward_weight
-                                + bt.recompute)
+        if lay.shared_expert_overlap:
+            shared = _token_matmuls(lay, prof, shared_expert_matmuls(lay.spec, lay.tp), _matmul_dtype(lay, prof))
+            bt.ep_comm = shared_expert_exposed(ep_fwd, shared.get("expert_in", 0.0), shared.get("expert_out", 0.0),
+                                               bt.forward_passes)
+        else:
+            bt.ep_comm = ep_exposed(lay, bt.ep_comm_issued, bt.forward + bt.backward_input + bt.backward_weight
+                                    + bt.recompute)
         span = ep_span(spans, lay.ep, lay.cp, lay.tp)
 
         def node_share() -> float:
@@ -156,6 +161,22 @@ def ep_exposed(lay: Layout, issued: float, compute: float) -> float:
     return alone * issued + (1.0 - alone) * max(0.0, issued - compute)
 
 
+def shared_expert_exposed(ep_forward: float, fc1: float, fc2: float, forward_passes: int) -> float:
+    """The all-to-all time a block's micro-batch leaves on the critical path under Megatron-Core's shared-expert
+    overlap (moe_shared_expert_overlap; rules.shared_expert_overlap_reason): the shared experts run on their own
+    stream, their gate and up projections (`fc1`, forward seconds) beside the dispatch and their down projection
+    (`fc2`) beside the combine (MoEAlltoAllTokenDispatcher.token_dispatch / token_combine, Megatron-LM d98e8a6),
+    and in backward each projection's input and weight gradients (twice its forward) beside the same all-to-all's
+    backward. Dispatch and combine move the same bytes, half of `ep_forward` each (moe.ep_comm_forward). Each
+    forward pass (the recompute's too, under full AC) and the backward leave what each all-to-all exceeds the
+    matmuls beside it. The shared experts' activation is left out of the window, and so is the slowdown of the
+    matmuls beside the sends (overlap_contention's question)."""
+    half = ep_forward / 2
+    forward = max(0.0, half - fc1) + max(0.0, half - fc2)
+    backward = max(0.0, half - 2 * fc1) + max(0.0, half - 2 * fc2)
+    return forward_passes * forward + backward
+
+
 def ep_alone_share(lay: Layout) -> float:
     """The share of a rank's forward passes, and of its backward passes, that Megatron-Core's combined 1F1B
     runs unpaired, their all-to-alls in line. Without a pipeline, the first forward and the last backward of
@@ -174,14 +195,19 @@ def _forward_matmuls(lay: Layout, prof: ClusterProfile, layer: int, dtype: str) 
     """Forward seconds of block `layer`'s matmuls by kind: every token through the attention's, the dense
     MLP's, the router's and the shared experts' (flops.block_matmuls); an MoE layer's routed experts as
     the grouped GEMMs of its routing (moe.py)."""
-    dev, T, eff = prof.device, lay.tokens_per_micro, prof.overheads.kernel_efficiency
-    moe_layer = lay.spec.is_moe_layer(layer)
-    out: dict[str, float] = {}
-    for mm in block_matmuls(lay.spec, layer, lay.tp, routed=False):
-        out[mm.kind] = out.get(mm.kind, 0.0) + matmul_time(dev, T, mm.n, mm.k, dtype) / eff
-    if moe_layer:
+    out = _token_matmuls(lay, prof, block_matmuls(lay.spec, layer, lay.tp, routed=False), dtype)
+    if lay.spec.is_moe_layer(layer):
         for kind, t in routed_expert_times(lay.spec, _routing(lay), prof, dtype).items():
-            out[kind] = out.get(kind, 0.0) + t / eff
+            out[kind] = out.get(kind, 0.0) + t / prof.overheads.kernel_efficiency
+    return out
+
+
+def _token_matmuls(lay: Layout, prof: ClusterProfile, matmuls: list[Matmul], dtype: str) -> dict[str, float]:
+    """Forward seconds by kind of matmuls every token of a micro-batch runs."""
+    dev, T, eff = prof.device, lay.tokens_per_micro, prof.overheads.kernel_efficiency
+    out: dict[str, float] = {}
+    for mm in matmuls:
+        out[mm.kind] = out.get(mm.kind, 0.0) + matmul_time(dev, T, mm.n, mm.k, dtype) / eff
     return out
 
 

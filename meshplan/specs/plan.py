@@ -15,7 +15,7 @@ from meshplan.specs.rules import (CROSS_ENTROPY_FUSIONS, EP_DISPATCHERS, GRAD_RE
                                   OPTIMIZER_DTYPES, RECOMPUTE_MODULES, STACKS, check_runtime_rules,
                                   cross_entropy_fusion_reason, ep_dispatch_reason, ep_overlap_reason, ep_reason,
                                   grad_reduce_dtype_reason, mtp_reason, offload_modules_reason, precision_aware_reason,
-                                  recompute_modules_reason)
+                                  recompute_modules_reason, shared_expert_overlap_reason)
 from meshplan.yamlio import atomic_write_yaml, load_yaml_file
 
 PP_SCHEDULES = ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble",
@@ -70,6 +70,9 @@ class ParallelSpec:
     # Megatron-Core's EP overlap: all-to-alls under another micro-batch's compute (rules.ep_overlap_reason).
     # Written only when true.
     ep_overlap: Any = False
+    # Megatron-Core's shared-expert overlap: the shared experts beside the all-to-alls
+    # (rules.shared_expert_overlap_reason). Written only when true.
+    shared_expert_overlap: Any = False
 
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
@@ -162,6 +165,8 @@ class Plan:
             del out["ep_dispatch"]  # as does a plan of NCCL all-to-alls before parallel.ep_dispatch
         if not out["ep_overlap"]:
             del out["ep_overlap"]  # and one of all-to-alls in line before parallel.ep_overlap
+        if not out["shared_expert_overlap"]:
+            del out["shared_expert_overlap"]  # and one of shared experts in line before that field
         return out
 
     def _memory_dict(self) -> dict[str, Any]:
@@ -252,6 +257,8 @@ def _parse_parallel(raw: Any) -> ParallelSpec:
         pp_layers=pp_layers,
         ep_dispatch=as_choice(raw.get("ep_dispatch", d.ep_dispatch), "parallel.ep_dispatch", EP_DISPATCHERS),
         ep_overlap=as_bool(raw.get("ep_overlap", d.ep_overlap), "parallel.ep_overlap"),
+        shared_expert_overlap=as_bool(raw.get("shared_expert_overlap", d.shared_expert_overlap),
+                                      "parallel.shared_expert_overlap"),
         **ints,
     )
 
@@ -335,6 +342,11 @@ def check_consistency(plan: Plan) -> None:
         why = ep_overlap_reason(plan.stack, p.ep, p.pp, p.pp_virtual_stages, mem.activation_checkpointing, t.dtype, t.mtp_layers)
         if why:
             raise InputError("parallel.ep_overlap", why)
+    if p.shared_expert_overlap:
+        why = shared_expert_overlap_reason(plan.stack, m.moe.shared_experts if m.moe else 0, p.ep, bool(p.ep_overlap),
+                                           mem.recompute_modules)
+        if why:
+            raise InputError("parallel.shared_expert_overlap", why)
     if _known(p.tp):
         if m.n_heads % p.tp or m.n_kv_heads % p.tp:
             raise InputError("parallel.tp", f"must divide n_heads ({m.n_heads}) and n_kv_heads ({m.n_kv_heads}), got {p.tp}")

@@ -25,6 +25,7 @@ LEGEND_ENTRIES = (
     (r"SAC\(", "SAC(saved op kinds: att attention, ao attn_out, fi ffn_in, fo ffn_out)"),
     (r"RC\(", "RC(Megatron-Core's recomputed modules)"),
     (r"a2aO", "a2aO all-to-alls overlapped (Megatron-Core's EP overlap)"),
+    (r"shO", "shO shared experts beside the all-to-alls (Megatron-Core's shared-expert overlap)"),
     (r"aTP", "aTP async TP"), (r"noSP", "noSP TP without SP"), (r"keep", "keep no reshard after forward"),
     (r"order", "order mesh order, outer to inner"),
 )
@@ -75,7 +76,8 @@ def plan_label(plan: Plan) -> str:
             parts.append("split")  # the layers per stage: parallel.pp_layers in the plan and the CSV
     parts.append(f"mb{plan.training.micro_batch}")
     flags = [_ac(plan), "fp8" if m.float8 else "", "compile" if plan.compile else "",
-             "a2aO" if p.ep_overlap else "", "aTP" if p.async_tp and p.tp > 1 else "",
+             "a2aO" if p.ep_overlap else "", "shO" if p.shared_expert_overlap else "",
+             "aTP" if p.async_tp and p.tp > 1 else "",
              "noSP" if p.tp > 1 and not p.sequence_parallel else "",
              "keep" if p.dp_shard > 1 and p.pp == 1 and not m.reshard_after_forward else ""]
     parts += [f for f in flags if f]

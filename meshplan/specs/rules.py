@@ -424,6 +424,32 @@ def ep_overlap_reason(stack: str, ep, pp, v, ac, dtype, mtp_layers: int) -> str 
     return None
 
 
+# Megatron-Core's shared-expert overlap (moe_shared_expert_overlap): an MoE layer's shared experts on their own
+# stream, their gate and up projections beside the dispatch all-to-all and their down projection beside the
+# combine (token_dispatcher.py MoEAlltoAllTokenDispatcher, shared_experts.py SharedExpertMLP; timing.
+# shared_expert_exposed). meshplan's runtime and TorchTitan run the shared experts in line. Megatron-Core
+# refuses it beside EP overlap and with the shared experts recomputed (transformer_config.py, Megatron-LM d98e8a6).
+SHARED_EXPERT_OVERLAP_STACKS = (MEGATRON_CORE,)
+
+
+def shared_expert_overlap_reason(stack: str, shared_experts: int, ep, ep_overlap: bool,
+                                 recompute_modules) -> str | None:
+    """Why a plan cannot overlap its shared experts with its all-to-alls (parallel.shared_expert_overlap), or
+    None; an ep still 'auto' passes."""
+    if stack not in SHARED_EXPERT_OVERLAP_STACKS:
+        return (f"applies only on stack {MEGATRON_CORE} (moe_shared_expert_overlap), got stack {stack}, "
+                "which runs the shared experts in line")
+    if not shared_experts:
+        return "applies only to a model with shared experts (moe.shared_experts > 0), got none"
+    if ep == 1:
+        return "applies only with ep > 1, whose all-to-alls the shared experts run beside, got ep 1"
+    if ep_overlap:
+        return "cannot run with parallel.ep_overlap (Megatron-Core asserts it)"
+    if recompute_modules and "shared_experts" in recompute_modules:
+        return "cannot run with the shared_experts recompute module (Megatron-Core asserts it)"
+    return None
+
+
 # Stacks that train multi-token-prediction modules (training.mtp_layers): Megatron-Core's mtp_num_layers.
 # meshplan's runtime builds none, and neither does TorchTitan's DeepSeek-V3.
 MTP_STACKS = (MEGATRON_CORE,)

@@ -132,6 +132,32 @@ def test_megatron_ep_overlap_leaves_what_exceeds_the_blocks_compute():
     assert bt.ep_comm == bt.ep_comm_issued > 0
 
 
+def test_megatron_shared_expert_overlap_leaves_what_each_all_to_all_exceeds_its_shared_matmuls():
+    """Megatron-Core's shared-expert overlap runs the shared expert's gate and up projections beside the dispatch
+    and its down projection beside the combine, and each one's input and weight gradients beside the same
+    all-to-all's backward. By hand from the profile: the forward all-to-all time split evenly between dispatch
+    and combine (same bytes each way), the shared matmuls timed at their shapes. At 128 tokens the latency-bound
+    sends outlast the toy matmuls, in both directions; at 4096 tokens of a wide shared expert nothing is left."""
+    from meshplan.cost_models.compute import matmul_time
+
+    dev, eff = PROF.device, PROF.overheads.kernel_efficiency
+    lay = _layout(ep=8, shared_expert_overlap=True, host_counted=False)
+    plain = block_time(lay.with_(shared_expert_overlap=False), PROF, group_spans(lay, PROF), 0)
+    bt = block_time(lay, PROF, group_spans(lay, PROF), 0)
+    half = plain.ep_comm_issued / 4  # forward dispatch (or combine): a quarter of the two passes' four sends
+    fc1 = 2 * matmul_time(dev, 128, SHARED * F, D, "bf16") / eff  # gate and up: 128 tokens, D -> F
+    fc2 = matmul_time(dev, 128, D, SHARED * F, "bf16") / eff
+    by_hand = (max(0.0, half - fc1) + max(0.0, half - fc2)) + (max(0.0, half - 2 * fc1) + max(0.0, half - 2 * fc2))
+    assert bt.ep_comm_issued == plain.ep_comm_issued == plain.ep_comm
+    assert bt.ep_comm == pytest.approx(by_hand, rel=1e-12)
+    assert 0.0 < bt.ep_comm < plain.ep_comm
+    assert bt.forward == plain.forward and bt.backward_input == plain.backward_input  # the same kernels, moved
+    wide = ModelSpec.from_dict({**ONE_LAYER.to_dict(), "name": "wide-shared",
+                                "moe": {"experts": E, "top_k": K, "expert_ffn_dim": F, "shared_experts": 64}})
+    big = _layout(spec=wide, ep=8, seq_len=4096, shared_expert_overlap=True, host_counted=False)
+    assert block_time(big, PROF, group_spans(big, PROF), 0).ep_comm == 0.0
+
+
 def test_hidden_all_to_alls_slow_the_compute_only_under_the_every_form():
     """forms.py overlap_contention: under every, the all-to-alls EP overlap hides cost comm_compute_slowdown
     times their hidden time (one node: their kernels' work at the node level's rate is all of it); under
@@ -186,6 +212,22 @@ def test_megatron_bridge_rows_overlap_where_their_recipes_did():
     assert "mb-25.11-qwen3-235b-gb200-256g-bf16-gbs8192" not in overlapped
     assert not any(i.startswith("mlm-") for i in overlapped)
     assert {i for i in overlapped if i.startswith("mz-")} == {"mz-qwen3-235b-gb200-256g-mxfp8"}
+
+
+def test_the_moe_rows_overlap_their_shared_experts_where_their_recipes_did():
+    """Megatron-Bridge's DeepSeek provider turns the shared-expert overlap on and its flex dispatchers turn it
+    off (HybridEP on GB200 from v0.2.0, on B200 from v0.3.0; DeepEP), leaving the 25.11 B200 row's alltoall
+    dispatcher; Qwen2-57B-A14B's yaml sets --moe-shared-expert-overlap (model zoo at 78fd4d6). No other
+    row's model has shared experts, and no row overlaps both ways."""
+    from meshplan.cost_models.published import moe_blackwell_rows, moe_h100_rows
+
+    rows = [r for r in moe_blackwell_rows() + moe_h100_rows() if not r.skipped]
+    on = {r.label.rsplit("(", 1)[1].rstrip(")") for r in rows if r.plan.parallel.shared_expert_overlap}
+    assert {i for i in on if i.startswith("mb-")} == {"mb-25.11-dsv3-b200-256g-fp8-mx-gbs2048-mtp"}
+    qwen2 = {r.label.rsplit("(", 1)[1].rstrip(")") for r in rows if r.plan.model.name == "qwen2-57b-a14b"}
+    assert len(qwen2) == 6 and qwen2 <= on
+    assert on - qwen2 == {"mb-25.11-dsv3-b200-256g-fp8-mx-gbs2048-mtp"}
+    assert not any(r.plan.parallel.shared_expert_overlap and r.plan.parallel.ep_overlap for r in rows)
 
 
 def test_all_to_all_across_nodes_goes_through_each_ranks_own_nic():

@@ -445,6 +445,44 @@ def test_ep_overlap_leaves_exposed_what_its_unpaired_passes_send_and_is_refused_
     assert plan_from_dict(interleaved).parallel.ep_overlap is True
 
 
+def test_shared_expert_overlap_hides_the_all_to_alls_beside_the_shared_expert_and_is_refused_where_megatron_refuses_it():
+    """parallel.shared_expert_overlap: Megatron-Core runs Qwen2-57B-A14B's shared expert (20480 wide) on its own
+    stream beside the dispatch and combine. On one H100 node with EP 4 its matmuls outlast each all-to-all,
+    so none stays exposed. Refused in one line on
+    the stacks that run the shared experts in line, for a model without them, without EP, beside EP overlap
+    and with the shared experts recomputed (Megatron-Core asserts the last two)."""
+    moe = {**RAW, "model": "qwen2-57b-a14b", "gpus": 8, "stack": "megatron-core", "compile": False,
+           "training": {**RAW["training"], "seq_len": 4096, "global_batch": 32},
+           "parallel": {**RAW["parallel"], "dp_shard": 8, "ep": 4}}
+    inline = plan_from_dict(moe)
+    overlap = plan_from_dict({**moe, "parallel": {**moe["parallel"], "shared_expert_overlap": True}})
+    assert "shared_expert_overlap" not in inline.to_dict()["parallel"]
+    assert plan_from_dict(overlap.to_dict()).parallel.shared_expert_overlap is True
+    a, b = estimate_plan(inline, PROFILE), estimate_plan(overlap, PROFILE)
+    assert a.moe["ep_comm_exposed_s"] == pytest.approx(a.moe["ep_comm_issued_s"])
+    assert a.moe["ep_comm_issued_s"] > 0
+    assert b.moe["ep_comm_exposed_s"] == 0.0
+    assert a.time_s["ep_comm"] == pytest.approx(a.moe["ep_comm_issued_s"]) and b.time_s["ep_comm"] == 0.0
+    assert a.time_s["compute"] == b.time_s["compute"]  # the same kernels, moved beside the sends
+    # Shorter by the all-to-alls, less what the distributed optimizer's buckets no longer hide beside them
+    # (their windows are the first forward and the last backward, sends included: estimate.compute_windows).
+    assert 0.0 < a.step_time_s - b.step_time_s <= a.moe["ep_comm_issued_s"]
+    on = {**moe, "parallel": {**moe["parallel"], "shared_expert_overlap": True}}
+    bad = {"stack": ({**on, "stack": "torchtitan"}, "applies only on stack megatron-core"),
+           "model": ({**on, "model": "qwen3-30b-a3b"}, "applies only to a model with shared experts"),
+           "ep": ({**on, "parallel": {**on["parallel"], "ep": 1}}, "applies only with ep > 1"),
+           "ep_overlap": ({**on, "parallel": {**on["parallel"], "ep_overlap": True}},
+                          "cannot run with parallel.ep_overlap"),
+           "recompute": ({**on, "memory": {**on["memory"], "activation_checkpointing": "selective", "sac_ops": None,
+                                           "recompute_modules": ["shared_experts"]}},
+                         "cannot run with the shared_experts recompute module")}
+    for what, (raw, line) in bad.items():
+        with pytest.raises(InputError) as err:
+            plan_from_dict(raw)
+        assert str(err.value).startswith(f"parallel.shared_expert_overlap: {line}"), what
+        assert "\n" not in str(err.value)
+
+
 def test_pipeline_receive_buffers_are_allocated_up_front_by_pytorchs_pipelining_alone():
     """PP 4 over 32 GPUs (dp_shard 8), 256 sequences at micro-batch 1: 32 micro-batches a step. PyTorch's
     pipelining (meshplan, TorchTitan) allocates a receive buffer per micro-batch up front, the input in

@@ -234,6 +234,14 @@ def refused_ep_overlap():
                     "parallel.ep_overlap")
 
 
+def refused_shared_expert_overlap():
+    """`parallel.shared_expert_overlap` prices Megatron-Core's shared-expert overlap (tests/foundation/
+    test_stacks.py); meshplan's runtime runs the shared experts in line, so a plan of its stack refuses it on
+    load."""
+    refused_on_load(raw(model="tiny-moe", parallel__dp_shard=2, parallel__ep=2, parallel__shared_expert_overlap=True),
+                    "parallel.shared_expert_overlap")
+
+
 def refused_recompute_modules():
     """`memory.recompute_modules` prices Megatron-Core's selective recompute by module (tests/foundation/
     test_megatron_recompute.py); meshplan's runtime saves op kinds (sac_ops), so a plan of its stack refuses
@@ -395,7 +403,7 @@ DECISIONS = {
     "training.micro_batch": effect_micro_batch, "training.dtype": effect_dtype,
     "training.mtp_layers": refused_mtp_layers, "parallel.ep_dispatch": refused_ep_dispatch,
     "training.cross_entropy_fusion": refused_cross_entropy_fusion,
-    "parallel.ep_overlap": refused_ep_overlap,
+    "parallel.ep_overlap": refused_ep_overlap, "parallel.shared_expert_overlap": refused_shared_expert_overlap,
     "parallel.dp_replicate": effect_dp_replicate, "parallel.dp_shard": effect_dp_shard, "parallel.tp": effect_tp,
     "parallel.sequence_parallel": effect_sequence_parallel, "parallel.async_tp": refused_async_tp,
     "parallel.pp": effect_pp, "parallel.pp_schedule": effect_pp_schedule,
