@@ -77,19 +77,21 @@ def _print_breakdown(plan: Plan, est: Estimate) -> None:
     for k, v in est.memory_gib.items():
         print(f"  {k:<16} {v:10.3f}")
     if est.moe:
-        _print_moe(est.moe, plan.parallel.ep_dispatch, bool(plan.parallel.ep_overlap))
+        _print_moe(est.moe, plan.parallel.ep_dispatch, bool(plan.parallel.ep_overlap),
+                   bool(plan.parallel.shared_expert_overlap))
     if est.placement:
         print("placement: " + ", ".join(f"{k} -> {v}" for k, v in est.placement.items()))
 
 
-def _print_moe(moe: dict, dispatch: str, overlap: bool) -> None:
+def _print_moe(moe: dict, dispatch: str, overlap: bool, shared_overlap: bool = False) -> None:
     print(f"experts on the peak-time rank: ep {moe['ep']}, {moe['local_experts']} local experts, "
           f"{moe['tokens_per_local_expert']:.0f} tokens each per micro-batch at imbalance {moe['imbalance']:g}, "
           f"{moe['moe_layers']} MoE layers")
     print(f"  expert compute   {moe['expert_compute_s']:10.4f} s  (grouped GEMMs, forward and backward)")
     print(f"  dispatch+combine {moe['ep_comm_issued_s']:10.4f} s issued, {moe['ep_comm_exposed_s']:.4f} s exposed"
           f"{' (DeepEP: once per destination node)' if dispatch == 'deepep' else ''}"
-          f"{' (EP overlap: under another micro-batch, but in its unpaired passes)' if overlap else ''}")
+          f"{' (EP overlap: under another micro-batch, but in its unpaired passes)' if overlap else ''}"
+          f"{' (shared-expert overlap: beside the shared experts)' if shared_overlap else ''}")
     print(f"  routed experts   {moe['routed_state_gib']:10.3f} GiB of states (params, grads, AdamW's moments: "
           f"{moe['routed_state_bytes_per_param']:g} B each)")
 
