@@ -609,8 +609,9 @@ def moe_blackwell_rows() -> list[PublishedRow]:
 # 2025-04-03, whose runtime.conf names the paper's layouts: Mixtral-8x22B TP2 PP8 EP8 on 16 nodes, Qwen2-57B-A14B
 # TP2 PP4 EP4 on 8): micro-batch 1, virtual stages 1 (Mixtral) and 7 (Qwen2), no recompute, the alltoall
 # dispatcher, the distributed optimizer overlapping its gathers and reductions; tp-comm-overlap in Mixtral's yaml,
-# not in Qwen2's; the shared-expert overlap in Qwen2's; no cross-entropy fusion in either (Megatron-Core's unfused loss). bf16 gradients are reduced in
-# fp32 (Megatron-LM's arguments.py of the time: fp32 main gradients under bf16). The benchmarks drop tokens at
+# not in Qwen2's; the shared-expert overlap in Qwen2's; no cross-entropy fusion in either (Megatron-Core's
+# unfused loss). bf16 gradients are reduced in fp32 (Megatron-LM's arguments.py of the time: fp32 main gradients
+# under bf16). The benchmarks drop tokens at
 # capacity factor 1, so no expert holds more than the mean (moe_imbalance 1); without padding to capacity (the
 # paper names none) the dispatcher still syncs the host for the kept tokens (Layout.moe_host_sync, the stack's).
 # The figure is model TFLOP/s per GPU: MFU times the paper's 989.5. The paper prints no FLOP formula; its runs

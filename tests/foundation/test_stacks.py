@@ -404,20 +404,30 @@ def test_deepep_on_a_stack_without_it_is_refused_before_ep_is_chosen():
     assert str(err.value).startswith("parallel.ep_dispatch: must be all_to_all on stack meshplan")
 
 
+def _megatron_moe(model: str, ep: int) -> dict:
+    """A megatron-core plan of `model` on one H100 node, 32 sequences of 4096 over 8 FSDP ranks, EP `ep`."""
+    return {**RAW, "model": model, "gpus": 8, "stack": "megatron-core", "compile": False,
+            "training": {**RAW["training"], "seq_len": 4096, "global_batch": 32},
+            "parallel": {**RAW["parallel"], "dp_shard": 8, "ep": ep}}
+
+
+def _inline_and_overlapped(raw: dict, flag: str):
+    """The estimates of `raw` without and with parallel.`flag`, which a plan writes only when set."""
+    inline = plan_from_dict(raw)
+    overlap = plan_from_dict({**raw, "parallel": {**raw["parallel"], flag: True}})
+    assert flag not in inline.to_dict()["parallel"]
+    assert getattr(plan_from_dict(overlap.to_dict()).parallel, flag) is True
+    return estimate_plan(inline, PROFILE), estimate_plan(overlap, PROFILE)
+
+
 def test_ep_overlap_leaves_exposed_what_its_unpaired_passes_send_and_is_refused_where_megatron_refuses_it():
     """parallel.ep_overlap: Megatron-Core's combined 1F1B. Without a pipeline it runs the first forward and
     the last backward of n micro-batches unpaired (combined_1f1b_schedule_for_no_pipelining), so with the
     other passes' compute long enough to hide theirs, 1 / n of the all-to-all time stays exposed: Qwen3-30B
     on one H100 node, 32 sequences over 8 ranks, n = 4. Refused in one line on the stacks that issue the
     all-to-alls in line and where Megatron-Core asserts against it."""
-    moe = {**RAW, "model": "qwen3-30b-a3b", "gpus": 8, "stack": "megatron-core", "compile": False,
-           "training": {**RAW["training"], "seq_len": 4096, "global_batch": 32},
-           "parallel": {**RAW["parallel"], "dp_shard": 8, "ep": 8}}
-    inline = plan_from_dict(moe)
-    overlap = plan_from_dict({**moe, "parallel": {**moe["parallel"], "ep_overlap": True}})
-    assert "ep_overlap" not in inline.to_dict()["parallel"]
-    assert plan_from_dict(overlap.to_dict()).parallel.ep_overlap is True
-    a, b = estimate_plan(inline, PROFILE), estimate_plan(overlap, PROFILE)
+    moe = _megatron_moe("qwen3-30b-a3b", 8)
+    a, b = _inline_and_overlapped(moe, "ep_overlap")
     assert a.moe["ep_comm_exposed_s"] == pytest.approx(a.moe["ep_comm_issued_s"])
     assert b.moe["ep_comm_exposed_s"] == pytest.approx(b.moe["ep_comm_issued_s"] / 4)
     assert a.step_time_s - b.step_time_s == pytest.approx(0.75 * a.moe["ep_comm_issued_s"], rel=1e-6)
@@ -448,17 +458,11 @@ def test_ep_overlap_leaves_exposed_what_its_unpaired_passes_send_and_is_refused_
 def test_shared_expert_overlap_hides_the_all_to_alls_beside_the_shared_expert_and_is_refused_where_megatron_refuses_it():
     """parallel.shared_expert_overlap: Megatron-Core runs Qwen2-57B-A14B's shared expert (20480 wide) on its own
     stream beside the dispatch and combine. On one H100 node with EP 4 its matmuls outlast each all-to-all,
-    so none stays exposed. Refused in one line on
-    the stacks that run the shared experts in line, for a model without them, without EP, beside EP overlap
-    and with the shared experts recomputed (Megatron-Core asserts the last two)."""
-    moe = {**RAW, "model": "qwen2-57b-a14b", "gpus": 8, "stack": "megatron-core", "compile": False,
-           "training": {**RAW["training"], "seq_len": 4096, "global_batch": 32},
-           "parallel": {**RAW["parallel"], "dp_shard": 8, "ep": 4}}
-    inline = plan_from_dict(moe)
-    overlap = plan_from_dict({**moe, "parallel": {**moe["parallel"], "shared_expert_overlap": True}})
-    assert "shared_expert_overlap" not in inline.to_dict()["parallel"]
-    assert plan_from_dict(overlap.to_dict()).parallel.shared_expert_overlap is True
-    a, b = estimate_plan(inline, PROFILE), estimate_plan(overlap, PROFILE)
+    so none stays exposed. Refused in one line on the stacks that run the shared experts in line, for a model
+    without them, without EP, beside EP overlap and with the shared experts recomputed (Megatron-Core asserts
+    the last two)."""
+    moe = _megatron_moe("qwen2-57b-a14b", 4)
+    a, b = _inline_and_overlapped(moe, "shared_expert_overlap")
     assert a.moe["ep_comm_exposed_s"] == pytest.approx(a.moe["ep_comm_issued_s"])
     assert a.moe["ep_comm_issued_s"] > 0
     assert b.moe["ep_comm_exposed_s"] == 0.0
