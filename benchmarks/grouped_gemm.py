@@ -110,13 +110,17 @@ def main() -> int:
     lines.append(f"priced: {prof.name}'s matmul rate for one expert's shape, sustained_fraction "
                  f"{prof.device.sustained_fraction} included; measured: best-case kernel rate, not derated, one "
                  "process alone (profile-cluster times every rank at once)")
-    text = "\n".join(lines)
+    _report("\n".join(lines), a.out, f"grouped_gemm-{name.replace(' ', '_')}.md")
+    return 0
+
+
+def _report(text: str, out: str | None, file_name: str) -> None:
+    """Print the table, and write it under `out` when given."""
     print(text)
-    if a.out:
-        path = Path(a.out) / f"grouped_gemm-{name.replace(' ', '_')}.md"
+    if out:
+        path = Path(out) / file_name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
-    return 0
 
 
 def _rows(a: argparse.Namespace, env: BenchEnv, name: str, cuda: bool) -> int:
@@ -131,11 +135,7 @@ def _rows(a: argparse.Namespace, env: BenchEnv, name: str, cuda: bool) -> int:
                                               Reporter(enabled=False), {"bf16": 100.0})
     text = rows_table(points, shapes, prof, f"# The published MoE rows' expert GEMMs on {name} (torch "
                                             f"{torch.__version__}) against {prof.name}'s grouped rate")
-    print(text)
-    if a.out:
-        path = Path(a.out) / f"grouped_gemm_rows-{name.replace(' ', '_')}.md"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + "\n")
+    _report(text, a.out, f"grouped_gemm_rows-{name.replace(' ', '_')}.md")
     return 0
 
 
