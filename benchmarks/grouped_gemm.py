@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ from meshplan.bench.progress import Reporter
 from meshplan.bench.shapes import grouped_grid
 from meshplan.bench.timing import Budget
 from meshplan.cost_models.compute import grouped_matmul_time, matmul_time
+from meshplan.cost_models.layout import layout_of
 from meshplan.cost_models.moe import routing
 from meshplan.cost_models.published import moe_blackwell_rows, moe_h100_rows
 from meshplan.profiles.registry import load_profile, nearest_builtin
@@ -46,9 +48,9 @@ def row_shapes() -> dict[tuple[int, int, int, int], set[str]]:
     for row in moe_blackwell_rows() + moe_h100_rows():
         if row.skipped:
             continue
-        plan, spec = row.plan, row.plan.model
-        tokens = plan.training.micro_batch * plan.training.seq_len / plan.parallel.cp
-        r = routing(spec, tokens, plan.parallel.tp, plan.parallel.ep, row.layout_overrides.get("moe_imbalance", 1.0))
+        lay = replace(layout_of(row.plan), **row.layout_overrides)  # as validate.predict_layer_ms builds it
+        spec = lay.spec
+        r = routing(spec, lay.tokens_per_micro, lay.tp, lay.ep, lay.moe_imbalance)
         m = round(r.tokens_per_expert)
         for n, k in ((r.width, spec.dim), (spec.dim, r.width)):
             out.setdefault((r.local_experts, m, n, k), set()).add(spec.name)
