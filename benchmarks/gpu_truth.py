@@ -91,9 +91,7 @@ def detect(args: argparse.Namespace, out: Path) -> Setup:
         return setup
     from meshplan.profiles.registry import nearest_builtin
 
-    builtin = nearest_builtin(name)
-    if cuda and builtin == "cpu-gloo":  # a GPU without a built-in profile of its own
-        builtin = "h100-80g-dgx"
+    builtin = nearest_builtin(name, gpu=cuda)
     if args.no_profile:
         setup.cluster = builtin
         return setup

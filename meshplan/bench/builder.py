@@ -21,6 +21,7 @@ from meshplan.bench.in_step import sync_per_call
 from meshplan.bench.pipeline import action_seconds, payload_bytes as pipeline_payload_bytes
 from meshplan.bench.peaks import cores_per_device, cpu_peaks, gpu_datasheet_peaks, resolve_peaks
 from meshplan.bench.progress import Reporter
+from meshplan.bench.unmeasured import take_unmeasured
 from meshplan.bench.worker import RawResults, WorkerOptions
 from meshplan.profiles.schema import COLLECTIVES, ClusterProfile, profile_from_dict
 from meshplan.profiles.versions import installed_versions
@@ -83,7 +84,7 @@ def _device_section(raw: RawResults, env: BenchEnv) -> tuple[dict, dict]:
     guess = gpu_datasheet_peaks(raw.device_name) if env.is_cuda else cpu_peaks(cores_per_device(env.local_world), list(best))
     peaks = resolve_peaks(guess, best)
     mm_fit = fit.fit_matmul(raw.matmul_points, peaks.tflops)
-    same_part = nearest_builtin(raw.device_name)  # the built-in profile whose hardware ratios this one takes
+    same_part = nearest_builtin(raw.device_name, env.is_cuda)  # the built-in whose hardware ratios this one takes
     att_peak = peaks.tflops[raw.attention_dtype]
     # max_fraction describes the kernel at its largest head measured (128 on GPUs, like the models)
     primary = [p for p in raw.attention_points if p["dtype"] == raw.attention_dtype]
@@ -258,6 +259,7 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "collective_points": [{k: (sig(v) if isinstance(v, float) else v) for k, v in p.items()}
                               for p in raw.collective_points],
     }
+    _take_unmeasured(env, raw, data)
     # In-step terms are what a measured step leaves after what the estimate prices from this profile.
     if raw.fsdp_steps is not None:
         data["overheads"].update(_in_step_overheads(raw, profile_from_dict(data, "measured profile")))
@@ -271,7 +273,7 @@ def _single_process_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults,
                             prov: dict) -> tuple[ClusterProfile, dict, dict]:
     """One process measures the device alone: links and collectives come from the built-in
     profile of the same part, and the provenance says so."""
-    donor_name = nearest_builtin(raw.device_name)
+    donor_name = nearest_builtin(raw.device_name, env.is_cuda)
     donor = load_profile(donor_name).to_dict()
     prov.update({
         "source": "measured by meshplan profile-cluster (1 process)",
@@ -296,7 +298,15 @@ def _single_process_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults,
         "overheads": {"context_gib": sig(raw.memory.context_gib, 3), **_host_overheads(raw)},
         "provenance": prov,
     }
+    _take_unmeasured(env, raw, data)
     return profile_from_dict(data, "measured profile"), data, {}
+
+
+def _take_unmeasured(env: BenchEnv, raw: RawResults, data: dict) -> None:
+    """On a GPU, the step's fitted and sourced terms from the built-in of the same part (bench/unmeasured.py)."""
+    if env.is_cuda:
+        donor = nearest_builtin(raw.device_name, gpu=True)
+        take_unmeasured(data, donor, same_part=donor == nearest_builtin(raw.device_name))
 
 
 def _host_overheads(raw: RawResults) -> dict[str, float]:
@@ -328,7 +338,8 @@ def _in_step_overheads(raw: RawResults, prof: ClusterProfile) -> dict[str, float
 
 def _in_step_source(raw: RawResults) -> str:
     if raw.fsdp_steps is None:
-        return "not measured (GPU, or one process): fsdp_overlap, cp_overlap and collective_sync_s keep their defaults"
+        return ("not measured (GPU, or one process): fsdp_overlap, cp_overlap and collective_sync_s are, on a GPU, the "
+                "built-in's of the same part (transferred), and on one CPU process the schema's defaults")
     return ("fsdp_overlap = cp_overlap = 0: on a CPU, FSDP2's collective streams are the one CPU stream and gloo "
             "work is waited in line (torch fsdp/_fully_shard/_fsdp_param_group.py, get_all_gather_streams); "
             "collective_sync_s measured (bench/in_step.py): per FSDP2 call of a 4-block model, its step less the "

@@ -43,6 +43,12 @@ BUILTIN_BY_DEVICE = (("H200", "h200-141g-dgx"), ("H100", "h100-80g-dgx"), ("GB20
                      ("A100", "a100-80g-dgx"))
 
 
-def nearest_builtin(device_name: str) -> str:
-    """The built-in profile of the same part as `device_name` (cpu-gloo for anything else)."""
-    return next((name for key, name in BUILTIN_BY_DEVICE if key in device_name), "cpu-gloo")
+# A GPU of a part no built-in profile has takes the H100's: the part most published runs were fitted on.
+OTHER_GPU_BUILTIN = "h100-80g-dgx"
+
+
+def nearest_builtin(device_name: str, gpu: bool = False) -> str:
+    """The built-in profile of the same part as `device_name`; for another part, the H100's if it is a GPU
+    (`gpu`), cpu-gloo if not."""
+    fallback = OTHER_GPU_BUILTIN if gpu else "cpu-gloo"
+    return next((name for key, name in BUILTIN_BY_DEVICE if key in device_name), fallback)
