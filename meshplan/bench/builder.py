@@ -16,6 +16,7 @@ from meshplan.profiles import fit
 from meshplan.profiles.fit import TARGET, collective_entry, sig, written_error
 from meshplan.profiles.registry import load_profile, nearest_builtin
 from meshplan.bench.compute import HOST_LINK_BYTES
+from meshplan.bench.contention import contention_source
 from meshplan.bench.env import BenchEnv
 from meshplan.bench.in_step import sync_per_call
 from meshplan.bench.pipeline import action_seconds, payload_bytes as pipeline_payload_bytes
@@ -259,6 +260,9 @@ def build_profile(env: BenchEnv, opts: WorkerOptions, raw: RawResults) -> tuple[
         "collective_points": [{k: (sig(v) if isinstance(v, float) else v) for k, v in p.items()}
                               for p in raw.collective_points],
     }
+    if raw.contention is not None:
+        data["overheads"]["comm_compute_slowdown"] = sig(raw.contention.slowdown, 3)
+        prov["overheads.comm_compute_slowdown"] = contention_source(raw.contention, "bf16" if env.is_cuda else "fp32")
     _take_unmeasured(env, raw, data)
     # In-step terms are what a measured step leaves after what the estimate prices from this profile.
     if raw.fsdp_steps is not None:

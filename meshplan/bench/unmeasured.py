@@ -1,7 +1,8 @@
 """What profile-cluster cannot measure on a GPU, taken from the built-in profile of the same part.
 
 Its benchmarks time one kernel or one collective at a time. The terms of a training step beyond those, how
-much data-parallel traffic hides and what it costs the compute beside it, what async TP and ring attention
+much data-parallel traffic hides and (on one GPU alone, where bench/contention.py has no collective to run)
+what it costs the compute beside it, what async TP and ring attention
 hide, the allocator's slack with and without pipelining, Megatron-Core's per-expert host time, are fitted on
 published training runs or sourced (cost_models/constants.py; `meshplan validate --constants` prints each with
 its sources), and the built-in profiles' accuracy figures rest on them. A measured profile left at the
@@ -24,7 +25,8 @@ from meshplan.bench.host import HostCosts
 from meshplan.profiles.registry import load_profile
 from meshplan.profiles.schema import Overheads
 
-# Overheads profile-cluster measures on a GPU: the host's per-op costs (bench/host.py) and the context.
+# Overheads profile-cluster measures on every GPU: the host's per-op costs (bench/host.py) and the context.
+# The compute slowdown beside a collective is measured where a node holds two GPUs (bench/contention.py).
 MEASURED_ON_GPU = frozenset(f.name for f in fields(HostCosts)) | {"context_gib"}
 UNMEASURED_OVERHEADS = tuple(f.name for f in fields(Overheads) if f.name not in MEASURED_ON_GPU)
 
@@ -33,7 +35,8 @@ def take_unmeasured(data: dict, donor: str, same_part: bool) -> None:
     """Fill a measured GPU profile's dict (`data`, before it is loaded) with every overhead the donor built-in
     carries that is not measured here, and say so in its provenance, with the donor's own provenance of each."""
     built = load_profile(donor)
-    taken = {k: v for k, v in asdict(built.overheads).items() if k in UNMEASURED_OVERHEADS}
+    taken = {k: v for k, v in asdict(built.overheads).items()
+             if k in UNMEASURED_OVERHEADS and k not in data["overheads"]}  # measured here where it is
     data["overheads"] = {**taken, **data["overheads"]}
     values = ", ".join(f"{k} {v:g}" for k, v in taken.items() if v is not None)
     part = f"the built-in {donor}, the same part" if same_part else f"the built-in {donor} (no built-in of this part)"

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from meshplan.errors import InputError
 
 from meshplan.bench import collectives as coll
+from meshplan.bench.contention import ContentionResult, measure_contention
 from meshplan.bench.host import HostCosts, bench_host_dispatch
 from meshplan.bench.in_step import measure_fsdp_steps
 from meshplan.bench.pipeline import measure_pipeline_steps
@@ -62,6 +63,7 @@ class RawResults:
     pipeline_steps: list[dict] = field(default_factory=list)  # CPU worlds of 2+ processes (bench/pipeline.py)
     grouped_points: list[dict] = field(default_factory=list)  # routed experts' grouped GEMMs (compute.py)
     host_link: dict | None = None  # pinned-host copies one way, GB/s each direction (compute.bench_host_link); CUDA only
+    contention: ContentionResult | None = None  # matmuls beside all-reduces over the node (bench/contention.py)
 
 
 def _median_over_ranks(points: list[dict], keys: tuple[str, ...], extra: tuple[str, ...] = ()) -> list[dict]:
@@ -150,12 +152,32 @@ def run_benchmarks(env: BenchEnv, opts: WorkerOptions, rep: Reporter) -> RawResu
     host_link = _host_link(env, opts.quick)
     # One process: nothing to communicate with; the builder takes collectives from a built-in profile.
     points = _collective_section(env, opts, sets, budget, rep) if env.world > 1 else []
+    contention = _contention(env, sets, node_link, budget, rep)
     in_step = env.world > 1 and not env.is_cuda
     fsdp = measure_fsdp_steps(env, opts.quick) if in_step else None
     pipeline = measure_pipeline_steps(env, opts.quick) if in_step else []
     name = torch.cuda.get_device_name(env.device) if env.is_cuda else _cpu_name()
     return RawResults(name, dtypes, mm, att, att_dtype, copy_gbs, eff, memory, points, notes, rep.skipped,
-                      time.time() - start, host, fsdp, pipeline, grouped, host_link)
+                      time.time() - start, host, fsdp, pipeline, grouped, host_link, contention)
+
+
+# seconds measure_contention takes at most, setup included (5 rounds of a chain alone and beside)
+CONTENTION_COST_S = {"cuda": 3.0, "cpu": 5.0}
+
+
+def _contention(env: BenchEnv, sets: list[coll.GroupSet], node_link: str, budget: Budget,
+                rep: Reporter) -> ContentionResult | None:
+    """Over the whole node's group, where a node holds two ranks or more; the median over ranks."""
+    node = next((gs for gs in sets if gs.level == node_link), None)
+    if env.world == 1 or node is None or node.size < 2:
+        return None
+    if not env.agree(budget.allows(CONTENTION_COST_S[env.device.type])):
+        rep.skip("compute beside collectives (comm_compute_slowdown): out of time")
+        return None
+    r = measure_contention(env, node.handle, node.size)
+    ratios = [_scalar_median(x) for x in r.ratios]
+    return ContentionResult(_scalar_median(r.alone_s), _scalar_median(r.beside_s), r.matmul_dim, r.chain,
+                            r.buffer_bytes, r.group_size, ratios, r.covered)
 
 
 def _host_link(env: BenchEnv, quick: bool) -> dict | None:

@@ -275,7 +275,8 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "exceeds a window is exposed by the mechanism itself. Not fitted: until 2026-11-27 a pooled "
                     "share fitted on TorchTitan and MosaicML (0.195) stood for the windows and the contention "
                     "together, and left IBM's FSDP1 rows 27 % pessimistic. Measured profiles carry what "
-                    "profile-cluster sees (0 on CPUs: gloo's collectives and the compute share the cores). "
+                    "profile-cluster sees on CPUs (0: gloo's collectives and the compute share the cores) and "
+                    "the same part's built-in value on GPUs (bench/unmeasured.py). "
                     "Under forms.py's pooled alternative (for nested cross-validation) it is that share again, "
                     "fitted on the spread of TorchTitan's and MosaicML's rows",
                     {EVERY_GPU: TORCHTITAN + (LLMFOUNDRY,)}, objective="spread", form=("dp_overlap", "pooled")),
@@ -286,7 +287,9 @@ PROFILE_CONSTANTS: tuple[ProfileConstant, ...] = (
                     "(arXiv 2507.03114, 2025: 18.9 % on average, 40.0 % at most); the step pays it times the "
                     "hidden share of the collectives timed at the node level's rate, the rate 4-GPU runs measure "
                     "it at (forms.py kernel_work, chosen by nested cross-validation; estimate.contended), or "
-                    "under the hidden_time alternative times the hidden time itself. Sourced, not fitted"),
+                    "under the hidden_time alternative times the hidden time itself. Sourced, not fitted; "
+                    "profile-cluster measures it where a node holds two devices or more, as Lee et al. define "
+                    "it, with matmuls beside all-reduces over the node (bench/contention.py)"),
     ProfileConstant("overheads.cp_overlap", *_overhead("cp_overlap"), 0.0,
                     "share of ring attention's exposed K/V exchange (timing.cp_exposed: Transformer Engine's P2P "
                     "ring hides each step's exchange under a step of attention, PyTorch's runs in line) hidden "

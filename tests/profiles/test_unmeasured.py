@@ -13,6 +13,7 @@ import torch
 
 from meshplan.bench.builder import build_profile
 from meshplan.bench.collectives import bus_factor
+from meshplan.bench.contention import ContentionResult
 from meshplan.bench.env import BenchEnv
 from meshplan.bench.host import HostCosts
 from meshplan.bench.memory import MemoryResult
@@ -74,6 +75,19 @@ def test_a_gpu_profile_takes_the_same_parts_fitted_overheads(tmp_path, world):
     assert "overheads.fitted (from h100-80g-dgx)" in prof.provenance  # the donor's own sources travel with them
     atomic_write_yaml(str(tmp_path / "p.yaml"), prof.to_dict())
     assert load_profile(str(tmp_path / "p.yaml")) == prof
+
+
+def test_a_measured_slowdown_is_kept_and_not_transferred(tmp_path):
+    """Where two GPUs of a node timed matmuls beside their all-reduces (bench/contention.py), the profile
+    carries that slowdown, the median round 1.12 less 1, in place of the built-in's sourced 0.189, and says so."""
+    raw = replace(_raw("NVIDIA H100 80GB HBM3", "nvlink"),
+                  contention=ContentionResult(0.050, 0.0568, 8192, 30, 256 * MIB, 2, [1.10, 1.12, 1.14], 3))
+    prof, _, _ = build_profile(_env(2, True), _opts(tmp_path), raw)
+    assert prof.overheads.comm_compute_slowdown == pytest.approx(0.12)
+    assert "comm_compute_slowdown" not in prof.provenance["overheads.transferred"]
+    assert prof.provenance["overheads.comm_compute_slowdown"].startswith("measured (bench/contention.py)")
+    assert "3 of 3 rounds" in prof.provenance["overheads.comm_compute_slowdown"]
+    assert prof.overheads.tp_async_overlap == load_profile("h100-80g-dgx").overheads.tp_async_overlap
 
 
 def test_a_gpu_of_no_built_in_part_takes_the_h100s_and_says_so(tmp_path):
