@@ -63,11 +63,7 @@ class Forms:
     # sourced: 0.7 of datasheet HBM bandwidth, as STREAM-like copy kernels reach on A100 and H100;
     # fitted: fitted on the Blackwell MoE rows with the tensor-core rate (coordinate descent, crossval.fit),
     # each rate on how the rows' mix of memory-bound and tensor-core work varies.
-    # Chosen by nested cross-validation on the MoE tables, the only rows it moves (benchmarks/nested_rate_rows.py
-    # memory_rate, benchmarks/results/validate_nested-memory_rate.txt): split 2 of 4 folds at 31222ed, when
-    # sourced stayed shipped until the folds agreed; fitted in 4 of 6 folds and on every table at 3bc6f86 (inner
-    # error 0.05226 against 0.05274, 14.7 % nested), so fitted ships since 2026-12-07.
-    memory_rate: str = "fitted"
+    memory_rate: str = "sourced"
     # What a compiled Llama-style block's elementwise kernels move (timing.elementwise_times):
     # speedup: eager PyTorch's passes (timing._pytorch_elementwise_bytes) shrunk by one fitted factor,
     # overheads.compile_speedup, fitted on how compiled rows differ from eager ones inside a source;
