@@ -63,6 +63,13 @@ class Forms:
     # sourced: 0.7 of datasheet HBM bandwidth, as STREAM-like copy kernels reach on A100 and H100;
     # fitted: fitted on the Blackwell MoE rows with the tensor-core rate (coordinate descent, crossval.fit),
     # each rate on how the rows' mix of memory-bound and tensor-core work varies.
+    # Its nested run chose fitted in 4 of 6 folds at 3bc6f86 (benchmarks/results/validate_nested-memory_rate.txt),
+    # but under fitted crossval.fit does not converge: coordinate descent zig-zags between the two Blackwell
+    # rates, which trade off along a ridge, and stops at MAX_SWEEPS with the last sweep still moving them
+    # (0.31 % of their bounds in the second fold of validate --cross at 1d68a06, against CONVERGED's 0.1 %;
+    # read off the running fit with py-spy, 2026-12-07), about 5 min a fold. So that choice rests on fits
+    # stopped at the cap, and sourced stays shipped until a joint search of the coupled rates converges and
+    # the nested run is repeated with it.
     memory_rate: str = "sourced"
     # What a compiled Llama-style block's elementwise kernels move (timing.elementwise_times):
     # speedup: eager PyTorch's passes (timing._pytorch_elementwise_bytes) shrunk by one fitted factor,
