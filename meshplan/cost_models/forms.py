@@ -67,8 +67,8 @@ class Forms:
     # but under fitted crossval.fit does not converge: coordinate descent zig-zags between the two Blackwell
     # rates, which trade off along a ridge, and stops at MAX_SWEEPS with the last sweep still moving them
     # (0.31 % of their bounds in the second fold of validate --cross at 1d68a06, against CONVERGED's 0.1 %;
-    # read off the running fit with py-spy, 2026-12-07), about 5 min a fold. So that choice rests on fits
-    # stopped at the cap, and sourced stays shipped until a joint search of the coupled rates converges and
+    # read off the running fit with py-spy, 2026-12-07), about 5 min a fold. That choice was made by the same
+    # descent, on fits that may have stopped at the cap as that one did, so sourced stays shipped until a joint search of the coupled rates converges and
     # the nested run is repeated with it.
     memory_rate: str = "sourced"
     # What a compiled Llama-style block's elementwise kernels move (timing.elementwise_times):
