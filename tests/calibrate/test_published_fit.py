@@ -85,3 +85,29 @@ def test_a_value_fitted_for_a_group_of_profiles_sets_each_of_them_and_no_other()
     cpu = load_profile("cpu-gloo")
     assert t("cpu-gloo", cpu).overheads.fsdp_overlap == cpu.overheads.fsdp_overlap
     assert t("h200-141g-dgx", load_profile("h200-141g-dgx")).overheads.fsdp_overlap == 0.5
+
+
+def test_coupled_constants_are_searched_together_only_where_a_form_fits_both():
+    """Under the shipped forms each fitted constant is its own coordinate (the descent as it always ran);
+    under forms.py memory_rate fitted the Blackwell parts' two rates, fitted on the same MoE rows, are one."""
+    from meshplan.cost_models import forms
+
+    assert all(len(group) == 1 for group in crossval.coupled_targets())
+    with forms.forms(memory_rate="fitted"):
+        joint = [[(t.constant.name, t.profile) for t in g] for g in crossval.coupled_targets() if len(g) > 1]
+    blackwell = "b200-180g-dgx+gb200-186g-nvl72"
+    assert joint == [[("device.sustained_fraction", blackwell), ("device.memory_bound_efficiency", blackwell)]]
+
+
+def test_a_joint_search_follows_a_ridge_that_one_coordinate_at_a_time_zig_zags_along():
+    """loss = 100 (x - y)^2 + (x + y - 1)^2 / 100 on the unit square: its minimum (0.5, 0.5) by hand, along a
+    narrow diagonal valley. Twelve sweeps of golden-section searches, one coordinate at a time from (0.1, 0.9),
+    stop at (0.9, 0.9), where no single coordinate improves; Nelder-Mead's simplex (crossval._joint) reaches it."""
+    loss = lambda v: 100 * (v[0] - v[1]) ** 2 + (v[0] + v[1] - 1) ** 2 / 100  # noqa: E731
+    x, y = 0.1, 0.9
+    for _ in range(crossval.MAX_SWEEPS):
+        x = crossval._golden(lambda a: loss((a, y)), 0.0, 1.0)
+        y = crossval._golden(lambda b: loss((x, b)), 0.0, 1.0)
+    assert abs(x - 0.5) > 0.3 and abs(y - 0.5) > 0.3
+    jx, jy = crossval._joint(loss, (0.1, 0.9), [(0.0, 1.0), (0.0, 1.0)])
+    assert abs(jx - 0.5) < 2e-3 and abs(jy - 0.5) < 2e-3
