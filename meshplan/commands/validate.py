@@ -22,7 +22,8 @@ def parser() -> ArgumentParser:
                          "tables (slow: one leave-one-table-out fit per table, form and alternative)")
     ap.add_argument("--form", action="append", metavar="NAME",
                     help="with --nested: choose this form only (repeatable); the others stay at the shipped alternative")
-    ap.add_argument("--jobs", type=int, default=1, help="with --nested: processes to run the held-out folds on")
+    ap.add_argument("--jobs", type=int, default=1, help="with --cross: processes to run the held-out folds' fits on "
+                                                          "(the same fits: each is deterministic)")
     return ap
 
 
@@ -33,8 +34,6 @@ def _nested_text(names: list[str] | None, jobs: int) -> str:
     for name in names or []:
         if name not in forms.ALTERNATIVES:
             raise InputError("--form", f"must be one of {', '.join(forms.ALTERNATIVES)}, got {name!r}")
-    if jobs < 1:
-        raise InputError("--jobs", f"must be at least 1, got {jobs}")
     alternatives = {n: forms.ALTERNATIVES[n] for n in names} if names else None
     return nested_text(nested_cross_validate(alternatives=alternatives, jobs=jobs))
 
@@ -43,12 +42,16 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.nested and not args.cross:
         raise InputError("--nested", "goes with --cross")
-    if (args.form or args.jobs != 1) and not args.nested:
-        raise InputError("--form" if args.form else "--jobs", "goes with --nested")
+    if args.form and not args.nested:
+        raise InputError("--form", "goes with --nested")
+    if args.jobs != 1 and not args.cross:
+        raise InputError("--jobs", "goes with --cross")
+    if args.jobs < 1:
+        raise InputError("--jobs", f"must be at least 1, got {args.jobs}")
     if args.constants or args.cross:
         from meshplan.cost_models.crossval import constants_text, cross_report
         print("\n\n".join(f() for f, on in ((constants_text, args.constants),
-                                             (lambda: cross_report(args.save), args.cross and not args.nested),
+                                             (lambda: cross_report(args.save, args.jobs), args.cross and not args.nested),
                                              (lambda: _nested_text(args.form, args.jobs), args.nested)) if on))
         return 0
     results = validation_results()

@@ -312,29 +312,50 @@ def fold_of(table: str) -> str:
     return moe[1] if moe else table
 
 
-def leave_one_table_out(rows: list[PublishedRow]) -> tuple[list[RowError], dict[str, dict[tuple[str, str], float]]]:
+def _fit_leaving_out(args: tuple[str, str, frozenset[tuple[str, str]]]) -> dict[tuple[str, str], float]:
+    """A worker's fit of the training rows named by (table, label) in `keys`, without one fold (by="fold") or
+    one source (by="source")."""
+    by, name, keys = args
+    of = fold_of if by == "fold" else source_of
+    return fit([r for r in training_rows() if (r.table, r.label) in keys and of(r.table) != name])
+
+
+def _fits_leaving_out(rows: list[PublishedRow], by: str, names: list[str], jobs: int) -> list[dict]:
+    """fit() on the training rows `rows` without each of `names` in turn; with jobs > 1 in that many processes,
+    each rebuilding the rows (the same fits: each is deterministic)."""
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        keys = frozenset((r.table, r.label) for r in rows)
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(_fit_leaving_out, [(by, n, keys) for n in names]))
+    of = fold_of if by == "fold" else source_of
+    return [fit([r for r in rows if of(r.table) != n]) for n in names]
+
+
+def leave_one_table_out(rows: list[PublishedRow], jobs: int = 1) -> tuple[list[RowError], dict[str, dict[tuple[str, str], float]]]:
     """Every row predicted with the constants fitted without its fold (fold_of: its table, or for an MoE row
     its model), fold by fold, and those fits."""
+    folds = list(dict.fromkeys(fold_of(r.table) for r in rows))
+    fitted_without = dict(zip(folds, _fits_leaving_out(rows, "fold", folds, jobs)))
     errors: list[RowError] = []
-    fitted_without: dict[str, dict[tuple[str, str], float]] = {}
-    for fold in dict.fromkeys(fold_of(r.table) for r in rows):
-        values = fitted_without[fold] = fit([r for r in rows if fold_of(r.table) != fold])
+    for fold, values in fitted_without.items():
         errors += row_errors([r for r in rows if fold_of(r.table) == fold], transform_of(values))
     return errors, fitted_without
 
 
-def leave_one_source_out(rows: list[PublishedRow]) -> dict[str, dict[tuple[str, str], float]]:
+def leave_one_source_out(rows: list[PublishedRow], jobs: int = 1) -> dict[str, dict[tuple[str, str], float]]:
     """The constants fitted without each publication in turn (source_of): how far each fitted value rests on
     any one source. A constant whose every row comes from the left-out source keeps no value there."""
-    return {src: fit([r for r in rows if source_of(r.table) != src])
-            for src in dict.fromkeys(source_of(r.table) for r in rows)}
+    sources = list(dict.fromkeys(source_of(r.table) for r in rows))
+    return dict(zip(sources, _fits_leaving_out(rows, "source", sources, jobs)))
 
 
-def cross_validate(rows: list[PublishedRow] | None = None) -> CrossResult:
+def cross_validate(rows: list[PublishedRow] | None = None, jobs: int = 1) -> CrossResult:
     rows = rows or training_rows()
     fitted_all = fit(rows)
     result = CrossResult(row_errors(rows, transform_of(fitted_all)), [], fitted_all, builtin=row_errors(rows))
-    result.out_of_sample, result.fitted_without = leave_one_table_out(rows)
+    result.out_of_sample, result.fitted_without = leave_one_table_out(rows, jobs)
     order = {(r.table, r.label): i for i, r in enumerate(rows)}
     result.out_of_sample.sort(key=lambda e: order[(e.source, e.label)])
     return result
@@ -464,11 +485,11 @@ def fits_document(result: CrossResult, by_source: dict[str, dict[tuple[str, str]
     return out
 
 
-def save_oos(result: CrossResult, rows: list[PublishedRow]) -> str:
+def save_oos(result: CrossResult, rows: list[PublishedRow], jobs: int = 1) -> str:
     from meshplan.yamlio import atomic_write_text
 
     doc = oos_document(result, rows)
-    doc["fits"] = fits_document(result, leave_one_source_out(rows))
+    doc["fits"] = fits_document(result, leave_one_source_out(rows, jobs))
     atomic_write_text(OOS_PATH, json.dumps(doc, indent=1) + "\n")
     return str(OOS_PATH)
 
@@ -492,9 +513,9 @@ def leave_one_source_out_text(fitted: dict) -> str:
     return ", ".join(parts)
 
 
-def cross_report(save: bool = False) -> str:
+def cross_report(save: bool = False, jobs: int = 1) -> str:
     rows = training_rows()
-    result = cross_validate(rows)
+    result = cross_validate(rows, jobs)
     text = cross_text(result)
-    return text + (f"\nout-of-sample errors and leave-one-source-out fits written to {save_oos(result, rows)}"
+    return text + (f"\nout-of-sample errors and leave-one-source-out fits written to {save_oos(result, rows, jobs)}"
                    if save else "")
