@@ -3,42 +3,19 @@ timeout: the all-reduces outlast every chain of matmuls, and the slowdown is wha
 
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from two_ranks import run_two_ranks
 
 WORKER = Path(__file__).with_name("contention_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.distributed
 def test_matmuls_beside_all_reduces_are_timed_while_the_all_reduces_run(tmp_path):
     out = tmp_path / "contention.json"
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail("contention measurement hung (killed after 120 s)")
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    run_two_ranks(WORKER, out, 120, "contention measurement")
     for r in json.loads(out.read_text()):
         # every round's last all-reduce was still running when its chain of matmuls ended
         assert r["covered"] == len(r["ratios"]) == 5

@@ -2,13 +2,10 @@
 on two gloo ranks, with a hard timeout."""
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from two_ranks import run_two_ranks
 
 from meshplan.bench.in_step import fsdp_calls, sync_per_call
 from meshplan.profiles import load_profile
@@ -16,31 +13,10 @@ from meshplan.profiles import load_profile
 WORKER = Path(__file__).with_name("in_step_worker.py")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.distributed
 def test_fsdp_model_issues_the_calls_it_divides_by_and_the_sync_time_is_physical(tmp_path):
     out = tmp_path / "in_step.json"
-    port = _free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        pytest.fail("in-step measurement hung (killed after 120 s)")
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    run_two_ranks(WORKER, out, 120, "in-step measurement")
     got = json.loads(out.read_text())
     # Counted by torch.profiler in FSDP2 itself: the calls the per-call figure is divided by.
     assert (got["gathers"], got["scatters"]) == fsdp_calls() == (2 * got["units"] - 1, got["units"])
