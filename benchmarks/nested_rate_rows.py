@@ -13,8 +13,8 @@ to them).
 Such a choice moves only constants fitted on these tables (the Blackwell sustained fraction, the MoE host
 time), and only Blackwell profiles price their rows, so the dense tables would add fourteen identical
 folds at two hours on this VM; `meshplan validate --cross --nested --form FORM` runs them all. memory_rate's
-fitted alternative fits two Blackwell rates against each other by coordinate descent, about 2.5 minutes a fit
-here against 13 seconds for one, so its nested run takes about an hour.
+fitted alternative fits two Blackwell rates jointly (crossval.coupled_targets), about a minute a fit here
+against 13 seconds for one, so its nested run takes 26 minutes with 2 processes.
 
     python benchmarks/nested_rate_rows.py > benchmarks/results/validate_nested-rate_rows.txt
     python benchmarks/nested_rate_rows.py overlap_contention > benchmarks/results/validate_nested-overlap_contention.txt

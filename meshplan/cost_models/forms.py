@@ -63,13 +63,12 @@ class Forms:
     # sourced: 0.7 of datasheet HBM bandwidth, as STREAM-like copy kernels reach on A100 and H100;
     # fitted: fitted on the Blackwell MoE rows with the tensor-core rate (coordinate descent, crossval.fit),
     # each rate on how the rows' mix of memory-bound and tensor-core work varies.
-    # Its nested run chose fitted in 4 of 6 folds at 3bc6f86 (benchmarks/results/validate_nested-memory_rate.txt),
-    # but under fitted crossval.fit does not converge: coordinate descent zig-zags between the two Blackwell
-    # rates, which trade off along a ridge, and stops at MAX_SWEEPS with the last sweep still moving them
-    # (0.31 % of their bounds in the second fold of validate --cross at 1d68a06, against CONVERGED's 0.1 %;
-    # read off the running fit with py-spy, 2026-12-07), about 5 min a fold. That choice was made by the same
-    # descent, on fits that may have stopped at the cap as that one did, so sourced stays shipped until a joint search of the coupled rates converges and
-    # the nested run is repeated with it.
+    # Chosen by nested cross-validation on the MoE tables, the only rows it moves (benchmarks/nested_rate_rows.py
+    # memory_rate, benchmarks/results/validate_nested-memory_rate.txt): sourced in 4 of 6 folds and on every table
+    # at 9c961b6 (inner error 0.05274 against 0.05333), 15.4 % nested. At 3bc6f86 it had chosen fitted in 4 of 6
+    # by a descent that does not converge on this pair: coordinate descent zig-zagged between the two Blackwell rates, which trade
+    # off along a ridge, and stopped at MAX_SWEEPS still moving them (0.31 % of their bounds in a fold of
+    # validate --cross, read with py-spy, 2026-12-07); crossval.fit now searches the pair jointly.
     memory_rate: str = "sourced"
     # What a compiled Llama-style block's elementwise kernels move (timing.elementwise_times):
     # speedup: eager PyTorch's passes (timing._pytorch_elementwise_bytes) shrunk by one fitted factor,
