@@ -1,7 +1,7 @@
 """What profile-cluster cannot measure on a GPU, taken from the built-in profile of the same part.
 
 Its benchmarks time one kernel or one collective at a time. The terms of a training step beyond those, how
-much data-parallel traffic hides and (on one GPU alone, where bench/contention.py has no collective to run)
+much data-parallel traffic hides and (where a node holds one GPU, so bench/contention.py has no collective to run)
 what it costs the compute beside it, what async TP and ring attention
 hide, the allocator's slack with and without pipelining, Megatron-Core's per-expert host time, are fitted on
 published training runs or sourced (cost_models/constants.py; `meshplan validate --constants` prints each with
