@@ -312,12 +312,16 @@ def fold_of(table: str) -> str:
     return moe[1] if moe else table
 
 
-def _fit_leaving_out(args: tuple[str, str, frozenset[tuple[str, str]]]) -> dict[tuple[str, str], float]:
-    """A worker's fit of the training rows named by (table, label) in `keys`, without one fold (by="fold") or
-    one source (by="source")."""
-    by, name, keys = args
+def _without(rows: list[PublishedRow], by: str, name: str) -> list[PublishedRow]:
+    """`rows` less one fold (by="fold": fold_of) or one source (by="source": source_of)."""
     of = fold_of if by == "fold" else source_of
-    return fit([r for r in training_rows() if (r.table, r.label) in keys and of(r.table) != name])
+    return [r for r in rows if of(r.table) != name]
+
+
+def _fit_leaving_out(args: tuple[str, str, frozenset[tuple[str, str]]]) -> dict[tuple[str, str], float]:
+    """A worker's fit of the training rows named by (table, label) in `keys`, without one fold or source."""
+    by, name, keys = args
+    return fit(_without([r for r in training_rows() if (r.table, r.label) in keys], by, name))
 
 
 def _fits_leaving_out(rows: list[PublishedRow], by: str, names: list[str], jobs: int) -> list[dict]:
@@ -329,8 +333,7 @@ def _fits_leaving_out(rows: list[PublishedRow], by: str, names: list[str], jobs:
         keys = frozenset((r.table, r.label) for r in rows)
         with ProcessPoolExecutor(max_workers=jobs) as pool:
             return list(pool.map(_fit_leaving_out, [(by, n, keys) for n in names]))
-    of = fold_of if by == "fold" else source_of
-    return [fit([r for r in rows if of(r.table) != n]) for n in names]
+    return [fit(_without(rows, by, n)) for n in names]
 
 
 def leave_one_table_out(rows: list[PublishedRow], jobs: int = 1) -> tuple[list[RowError], dict[str, dict[tuple[str, str], float]]]:

@@ -106,9 +106,8 @@ def test_a_cpu_profile_takes_nothing(tmp_path):
     assert "overheads.transferred" not in prof.provenance
 
 
-def _as_measured(name: str) -> dict:
-    """A built-in's dict as profile-cluster would write it: only the measured overheads."""
-    data = load_profile(name).to_dict()
+def _as_measured(data: dict) -> dict:
+    """A profile's dict as profile-cluster writes it on a GPU, before the transfer: only the measured overheads."""
     data["overheads"] = {k: v for k, v in data["overheads"].items() if k in MEASURED_ON_GPU}
     return data
 
@@ -132,12 +131,12 @@ def test_the_transfer_carries_every_term_an_estimate_reads(parallel, float8):
     pipelining, over 10 GiB smaller); with the transfer both price exactly as on the built-in."""
     plan = plan_from_dict(_llama70b(parallel, float8))
     built = estimate_plan(plan, load_profile("h100-80g-dgx"))
-    bare = estimate_plan(plan, profile_from_dict(_as_measured("h100-80g-dgx"), "bare"))
+    bare = estimate_plan(plan, profile_from_dict(_as_measured(load_profile("h100-80g-dgx").to_dict()), "bare"))
     if plan.parallel.pp > 1:
         assert built.peak_memory_gib - bare.peak_memory_gib > 10.0
     else:
         assert bare.step_time_s < 0.98 * built.step_time_s
-    data = _as_measured("h100-80g-dgx")
+    data = _as_measured(load_profile("h100-80g-dgx").to_dict())
     take_unmeasured(data, "h100-80g-dgx", same_part=True)
     moved = estimate_plan(plan, profile_from_dict(data, "transferred"))
     assert (moved.step_time_s, moved.peak_memory_gib) == (built.step_time_s, built.peak_memory_gib)
@@ -149,8 +148,7 @@ def test_measured_rates_are_not_derated_again():
     the profile profile-cluster measured on that H200 (benchmarks/results/profile-h200-200s-19a97d1.yaml) with
     its unmeasured overheads transferred: within 8 % at the measured rates; derated again by the built-in's
     sustained fraction, which is relative to MAMF's best shape, over 15 % slow."""
-    data = load_yaml_file(str(ROOT / "benchmarks/results/profile-h200-200s-19a97d1.yaml"), "cluster")
-    data["overheads"] = {k: v for k, v in data["overheads"].items() if k in MEASURED_ON_GPU}
+    data = _as_measured(load_yaml_file(str(ROOT / "benchmarks/results/profile-h200-200s-19a97d1.yaml"), "cluster"))
     take_unmeasured(data, "h200-141g-dgx", same_part=True)
     measured = profile_from_dict(data, "measured")
     derated = replace(measured, device=replace(measured.device,
