@@ -607,12 +607,14 @@ def moe_blackwell_rows() -> list[PublishedRow]:
 # expert-TP 1). The paper prints CP/TP/EP/PP/ETP, batch and length; what it leaves out is taken from the
 # benchmarking configs its authors published 18 days before it (yanring/Megatron-MoE-ModelZoo at 78fd4d6,
 # 2025-04-03, whose runtime.conf names the paper's layouts: Mixtral-8x22B TP2 PP8 EP8 on 16 nodes, Qwen2-57B-A14B
-# TP2 PP4 EP4 on 8): micro-batch 1, virtual stages 1 (Mixtral) and 7 (Qwen2), no recompute, the alltoall
+# TP2 PP4 EP4 on 8): micro-batch 1, virtual stages 7 (Qwen2), no recompute, the alltoall
 # dispatcher, the distributed optimizer overlapping its gathers and reductions; tp-comm-overlap in Mixtral's yaml,
 # not in Qwen2's; the shared-expert overlap in Qwen2's; no cross-entropy fusion in either (Megatron-Core's
 # unfused loss). bf16 gradients are reduced in fp32 (Megatron-LM's arguments.py of the time: fp32 main gradients
-# under bf16). The benchmarks drop tokens at
-# capacity factor 1, so no expert holds more than the mean (moe_imbalance 1); without padding to capacity (the
+# under bf16). Mixtral runs 7 virtual stages, the zoo's setting from 7f59386 (2025-07-30): its 78fd4d6 said 1, which
+# the paper's own strong scaling rules out whatever the cost model (tests/foundation/test_moe_h100_rows.py: at
+# 16 micro-batches a 1F1B bubble of 7 would cap the 1024-GPU row at 379 TFLOP/s; it printed 444). The benchmarks
+# drop tokens at capacity factor 1, so no expert holds more than the mean (moe_imbalance 1); without padding to capacity (the
 # paper names none) the dispatcher still syncs the host for the kept tokens (Layout.moe_host_sync, the stack's).
 # The figure is model TFLOP/s per GPU: MFU times the paper's 989.5. The paper prints no FLOP formula; its runs
 # (PyTorch 2.5.0, CUDA 12.6: NGC 24.10) predate Megatron-LM's 8873b55d6a (2025-03-06), which halved the
