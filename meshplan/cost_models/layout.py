@@ -205,6 +205,9 @@ class Layout:
     # Engine's P2P ring, Megatron-Core's) or runs them in line (PyTorch's ring attention as the runtime and
     # TorchTitan run it): timing.cp_exposed.
     cp_ring_overlap: bool = False
+    # Whether the stack's ring hands K/V on at their KV heads whatever the runtime's path would (Transformer
+    # Engine's P2P ring, which Megatron-Core feeds grouped K/V): runtime_paths() then leaves kv_repeated off.
+    cp_kv_grouped: bool = False
     # Whether sequence-parallel TP's all-gathers and reduce-scatters run chunk by chunk under the GEMMs they
     # feed and drain (Transformer Engine's userbuffers comm-GEMM overlap, Megatron-Core's tp_comm_overlap):
     # timing._async_tp_exposed.
@@ -283,8 +286,9 @@ class Layout:
 
     @property
     def cp_kv_dim(self) -> int:
-        """Width of the keys (or values) context parallelism moves per token, before TP."""
-        return self.spec.dim if self.kv_repeated else self.spec.kv_dim
+        """Width of the keys (or values) context parallelism moves per token, before TP: every query head's
+        where they are expanded to the query heads, else the KV heads'."""
+        return self.spec.q_dim if self.kv_repeated else self.spec.kv_dim
 
     @property
     def n_stages(self) -> int:
@@ -343,7 +347,8 @@ def runtime_paths(lay: Layout, prof) -> Layout:
     backend = profile_backend(prof.provenance)
     kind = cp_attention_kind(backend)
     norm_fp32 = lay.spec.arch == "llama" and lay.dtype != "fp32" and rms_norm_kernel(backend) == COMPOSITE
-    return lay.with_(cp_attention=kind, kv_repeated=cp_kv_repeated(kind), norm_fp32=norm_fp32,
+    kv_repeated = cp_kv_repeated(kind) and not lay.cp_kv_grouped
+    return lay.with_(cp_attention=kind, kv_repeated=kv_repeated, norm_fp32=norm_fp32,
                      caching_allocator=backend == NCCL, host_ahead=backend == NCCL)
 
 

@@ -43,6 +43,7 @@ class Stack:
     moe_host_sync: bool = False  # Layout.moe_host_sync: a host sync in every MoE layer, experts eager
     moe_tp_gather: bool = False  # Layout.moe_tp_gather: an MoE layer gathers its sequence over TP
     cp_ring_overlap: bool = False  # Layout.cp_ring_overlap: each ring step's K/V exchange under a step's attention
+    cp_kv_grouped: bool = False  # Layout.cp_kv_grouped: the ring moves K/V at their KV heads, not expanded
     tp_comm_overlap: bool = False  # Layout.tp_comm_overlap: SP's collectives chunk by chunk under their GEMMs
     attention_kernel: str = "cudnn"  # Layout.attention_kernel
     pp_recv_up_front: bool = True  # Layout.pp_recv_up_front: a receive buffer per micro-batch, allocated up front
@@ -140,7 +141,11 @@ STACKS: dict[str, Stack] = {
          "is opt-in and Hopper-only, cublaslt_gemm.cu), with allocations per expert "
          "(TransformerEngine#1499); the sync-free recipes under full-iteration CUDA graphs opt out",
          "context parallelism through Transformer Engine's P2P ring (AttnFuncWithCPAndKVP2P, context_parallel.py), "
-         "which overlaps each step's attention with the next step's K/V exchange",
+         "which overlaps each step's attention with the next step's K/V exchange, and sends K and V as attention "
+         "gets them (torch.cat((k.view(-1), v.view(-1)))): grouped, at the model's KV heads, since Megatron-Core "
+         "hands Transformer Engine its query groups unexpanded (TEDotProductAttention num_gqa_groups = "
+         "num_query_groups, extensions/transformer_engine.py; only its local DotProductAttention repeat_interleaves "
+         "them, transformer/dot_product_attention.py; Megatron-LM d98e8a6)",
          "tensor-parallel communication overlapped as the performance recipes run it (tp_comm_overlap with "
          "sequence parallelism: Transformer Engine's userbuffers split each all-gather and reduce-scatter into "
          "tp chunks exchanged under the GEMM chunks they feed or drain, te.module.base initialize_ub)",
@@ -172,7 +177,7 @@ STACKS: dict[str, Stack] = {
         elementwise_kernels="megatron", dp_overlap="buckets", fsdp_copies=False, checkpoint_early_stop=False,
         fsdp_one_rank=False,
         host_counted=False,
-        optimizer_foreach=False, moe_host_sync=True, cp_ring_overlap=True, tp_comm_overlap=True,
+        optimizer_foreach=False, moe_host_sync=True, cp_ring_overlap=True, cp_kv_grouped=True, tp_comm_overlap=True,
         attention_kernel="cudnn", pp_recv_up_front=False, recomputes_modules=True, float8_weight_cache=True,
         contiguous_grads=True, torch_compile=False),
 }

@@ -93,3 +93,30 @@ def test_transformer_engines_ring_hides_each_exchange_under_a_step_of_attention(
         assert bt_te.cp_comm == pytest.approx(want, rel=1e-9)
         assert bt_te.cp_comm < bt_plain.cp_comm
     assert bt_te.cp_comm == 0.0  # at 128k a step's attention outlasts its exchange
+
+
+def test_megatron_cores_ring_moves_grouped_kv_and_the_runtimes_ring_every_query_heads():
+    """On NCCL the runtime's ring (PyTorch's context_parallel) takes K/V expanded to every query head; Transformer
+    Engine's P2P ring, which Megatron-Core feeds unexpanded (num_gqa_groups), moves them at the KV heads. Llama 3
+    70B: 8 KV heads of 128 against 64 query heads, 1024 against 8192 a token. Qwen3-30B-A3B's queries are wider
+    than its model (32 heads of 128 = 4096 over a width of 2048): expanded, K/V take the queries' width, 4096,
+    not the model's."""
+    from meshplan.cost_models.layout import layout_of, runtime_paths
+    from meshplan.specs.plan import plan_from_dict
+
+    def kv_dim(model: str, stack: str, tp: int = 8) -> int:
+        plan = plan_from_dict({
+            "version": 1, "model": model, "cluster": "h100-80g-dgx", "gpus": 64, "stack": stack,
+            "training": {"seq_len": 131072, "global_batch": 8, "micro_batch": 1, "dtype": "bf16"},
+            "parallel": {"dp_replicate": 1, "dp_shard": 64 // (8 * tp), "tp": tp, "sequence_parallel": True,
+                         "async_tp": False, "pp": 1, "pp_schedule": "1F1B", "pp_virtual_stages": 1, "pp_layers": None,
+                         "cp": 8},
+            "memory": {"activation_checkpointing": "full", "sac_ops": None, "float8": False,
+                       "reshard_after_forward": True},
+            "compile": False})
+        return runtime_paths(layout_of(plan), load_profile(plan.cluster)).cp_kv_dim
+
+    assert kv_dim("llama3-70b", "meshplan") == 64 * 128
+    assert kv_dim("llama3-70b", "megatron-core") == 8 * 128
+    assert kv_dim("qwen3-30b-a3b", "meshplan", tp=4) == 32 * 128
+    assert kv_dim("qwen3-30b-a3b", "megatron-core", tp=4) == 4 * 128
