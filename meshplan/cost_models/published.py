@@ -615,7 +615,8 @@ def moe_blackwell_rows() -> list[PublishedRow]:
 # the paper's own strong scaling rules out whatever the cost model (tests/foundation/test_moe_h100_rows.py: at
 # 16 micro-batches a 1F1B bubble of 7 would cap the 1024-GPU row at 379 TFLOP/s; it printed 444). The benchmarks
 # drop tokens at capacity factor 1, so no expert holds more than the mean (moe_imbalance 1); without padding to
-# capacity (the paper names none) the dispatcher still syncs the host for the kept tokens (Layout.moe_host_sync, the stack's).
+# capacity (the paper names none) the dispatcher still syncs the host for the kept tokens (Layout.moe_host_sync,
+# the stack's).
 # The figure is model TFLOP/s per GPU: MFU times the paper's 989.5. The paper prints no FLOP formula; its runs
 # (PyTorch 2.5.0, CUDA 12.6: NGC 24.10) predate Megatron-LM's 8873b55d6a (2025-03-06), which halved the
 # attention term for causal masks, so its count is the full one (validate.py "mcore_full_attention_tflops").
