@@ -403,7 +403,8 @@ class DataParallelComm:
     FSDP2): each micro-batch's forward gathers the next unit beside the current one, its backward gathers
     again (unless the parameters are held) and reduce-scatters the last unit beside the current one.
     buckets (Megatron-Core): the gathers under the first micro-batch's forward, the reductions under the
-    last one's backward. none: nothing hides. The first gather and the last reduction (the tails) have no
+    last one's backward; under its interleaved schedule chunk by chunk, each beside the passes of the chunks
+    after it (chunked_exposure). none: nothing hides. The first gather and the last reduction (the tails) have no
     compute beside them. What hides is not free: while a collective's kernels share the GPU with the
     compute, the compute runs slower (contention: overheads.comm_compute_slowdown x the hidden share of the
     collectives timed at the node level's rate, their kernels' work; under forms.py's hidden_time
@@ -488,7 +489,9 @@ def overlap_beyond_windows(lay: Layout, c: DataParallelComm, windows: ComputeWin
     if c.mechanism == "prefetch" and forms.FORMS.dp_overlap == "pooled":
         return max(0.0, c.total - share * windows.busy)
     if c.mechanism == "buckets":
-        return max(0.0, c.all_gather - fwd) + max(0.0, rs_ar - bwd)
+        # Megatron-Core's interleaved schedule syncs a model chunk at a time; without it, v and group are 1.
+        v, group = (lay.v, min(lay.pp, lay.n_micro)) if lay.pp > 1 else (1, 1)
+        return chunked_exposure(c.all_gather, fwd, v, group) + chunked_exposure(rs_ar, bwd, v, group)
     m, g = lay.n_micro, lay.grad_reductions
     if lay.params_held:
         forward, ag_back = max(0.0, c.all_gather - fwd), 0.0
@@ -496,6 +499,18 @@ def overlap_beyond_windows(lay: Layout, c: DataParallelComm, windows: ComputeWin
         forward, ag_back = m * max(0.0, c.all_gather / (2 * m) - fwd), c.all_gather / (2 * m)
     backward = (m - g) * max(0.0, ag_back - bwd) + g * max(0.0, ag_back + rs_ar / g - bwd)
     return forward + backward
+
+
+def chunked_exposure(total: float, window: float, v: int, group: int) -> float:
+    """What runs past its compute when Megatron-Core syncs v model chunks one at a time (pipeline_parallel/
+    schedules.py, interleaved: param_sync_func gathers the next chunk as a chunk's first micro-batch starts
+    its forward, grad_sync_func reduces a chunk after its last micro-batch's backward, bucket by bucket
+    beside that pass). The chunks' collectives, total / v each, queue on one stream; the one j chunks from
+    the step's end (reductions) or start (gathers) has its own pass (window / v) and the `group` passes of
+    each of the j chunks between (Megatron's micro-batch group per virtual stage, the pipeline size) to run
+    beside. Exposed is the longest backlog: max over j of (j + 1) total / v - (j group + 1) window / v;
+    for one chunk, max(0, total - window)."""
+    return max(0.0, max((j + 1) * total / v - (j * group + 1) * window / v for j in range(v)))
 
 
 def data_parallel_comm(lay: Layout, prof: ClusterProfile, spans: dict[str, GroupSpan], crit: int,

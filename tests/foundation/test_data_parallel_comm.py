@@ -291,3 +291,29 @@ def test_one_rank_fully_shard_copies_by_hand():
         assert ddp.copies == 0.0 and ddp.all_reduce > 0
     with forms.forms(fsdp_copies="none"):
         assert _priced(lay, 0.0, ComputeWindows(1.0)).copies == 0.0
+
+
+def test_megatron_cores_interleaved_schedule_syncs_a_chunk_at_a_time():
+    """Megatron-Core's interleaved schedule gathers and reduces one model chunk at a time, each queued beside
+    the passes of the chunks after it (estimate.chunked_exposure). By hand: 7 chunks, groups of 4 passes,
+    0.1 s of reductions against a 0.028 s backward: the chunk reduced last waits 0.1/7 - 0.028/7 = 0.0103 s,
+    the others hide, where one window would leave 0.1 - 0.028 = 0.072 s. A backlog builds where each
+    chunk's share outlasts the passes between: 0.1 against 0.007 leaves 7 x 0.1/7 - 25 x 0.007/7 = 0.075.
+    One chunk, or no pipeline, keeps the one window. Then the layout: PP 4 x VP 2 over 64 ranks, 8
+    micro-batches, gathers under groups of 4 forwards."""
+    from meshplan.cost_models.estimate import chunked_exposure
+
+    assert chunked_exposure(0.1, 0.028, 7, 4) == pytest.approx(0.1 / 7 - 0.028 / 7)
+    assert chunked_exposure(0.1, 0.007, 7, 4) == pytest.approx(0.1 - 25 * 0.007 / 7)
+    assert chunked_exposure(0.1, 0.028, 1, 4) == pytest.approx(0.1 - 0.028)
+    assert chunked_exposure(0.01, 0.028, 7, 4) == 0.0
+    lay = _layout(pp=4, dp_shard=16, v=2, schedule="Interleaved1F1B", stage_layers=(4,) * 8, dp_overlap="buckets")
+    assert lay.n_micro == 16
+    w = ComputeWindows(busy=8.0, forward=0.002, backward=0.004)
+    got = _priced(lay, 1.0, w)
+    ag, rs = got.all_gather, got.reduce_scatter
+    by_hand = (max(0.0, ag / 2 - 0.002 / 2, 2 * ag / 2 - 5 * 0.002 / 2)
+               + max(0.0, rs / 2 - 0.004 / 2, 2 * rs / 2 - 5 * 0.004 / 2))
+    assert got.beyond_windows == pytest.approx(by_hand)
+    flat = _priced(replace(lay, v=1, schedule="1F1B", stage_layers=(8,) * 4), 1.0, w)
+    assert flat.beyond_windows == pytest.approx(max(0.0, flat.all_gather - 0.002) + max(0.0, flat.reduce_scatter - 0.004))
