@@ -126,7 +126,10 @@ STACKS: dict[str, Stack] = {
          "data-parallel traffic overlapped as the performance recipes run it (DistributedDataParallelConfig "
          "overlap_grad_reduce and overlap_param_gather with the distributed optimizer): parameter all-gathers "
          "bucket by bucket in the first micro-batch's forward, gradient reduce-scatters in the last "
-         "micro-batch's backward, the first and the last bucket exposed",
+         "micro-batch's backward, the first and the last bucket exposed; under the interleaved schedule a model "
+         "chunk at a time (pipeline_parallel/schedules.py at d98e8a6: param_sync_func for the next chunk as a "
+         "chunk's first micro-batch starts its forward, grad_sync_func for a chunk after its last micro-batch's "
+         "backward), each chunk's collectives beside the passes of the chunks after it",
          "the distributed optimizer gathers parameters into and reduce-scatters gradients out of contiguous "
          "per-bucket buffers that the parameters and their main gradients view (distributed/"
          "param_and_grad_buffer.py: 'all_gather_into_tensor writes directly into a contiguous output buffer and "

@@ -316,4 +316,5 @@ def test_megatron_cores_interleaved_schedule_syncs_a_chunk_at_a_time():
                + max(0.0, rs / 2 - 0.004 / 2, 2 * rs / 2 - 5 * 0.004 / 2))
     assert got.beyond_windows == pytest.approx(by_hand)
     flat = _priced(replace(lay, v=1, schedule="1F1B", stage_layers=(8,) * 4), 1.0, w)
-    assert flat.beyond_windows == pytest.approx(max(0.0, flat.all_gather - 0.002) + max(0.0, flat.reduce_scatter - 0.004))
+    one_window = max(0.0, flat.all_gather - 0.002) + max(0.0, flat.reduce_scatter - 0.004)
+    assert flat.beyond_windows == pytest.approx(one_window)
