@@ -489,9 +489,9 @@ def overlap_beyond_windows(lay: Layout, c: DataParallelComm, windows: ComputeWin
     if c.mechanism == "prefetch" and forms.FORMS.dp_overlap == "pooled":
         return max(0.0, c.total - share * windows.busy)
     if c.mechanism == "buckets":
-        # Megatron-Core's interleaved schedule syncs a model chunk at a time; without it, v and group are 1.
-        v, group = (lay.v, min(lay.pp, lay.n_micro)) if lay.pp > 1 else (1, 1)
-        return chunked_exposure(c.all_gather, fwd, v, group) + chunked_exposure(rs_ar, bwd, v, group)
+        # Megatron-Core's interleaved schedule syncs a model chunk at a time (one chunk without it: v is 1)
+        group = min(lay.pp, lay.n_micro)
+        return chunked_exposure(c.all_gather, fwd, lay.v, group) + chunked_exposure(rs_ar, bwd, lay.v, group)
     m, g = lay.n_micro, lay.grad_reductions
     if lay.params_held:
         forward, ag_back = max(0.0, c.all_gather - fwd), 0.0
