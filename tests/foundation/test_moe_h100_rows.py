@@ -5,6 +5,7 @@ import csv
 from importlib import resources
 
 import pytest
+from test_published_bubbles import bubble_bound
 
 from meshplan.cost_models.constants import MOE_PARALLEL_FOLDING, moe_table
 from meshplan.cost_models.flops import model_flops_per_token
@@ -70,15 +71,6 @@ def test_the_figure_counts_attention_whole_as_megatron_core_did_before_2025_03()
     assert full - causal == pytest.approx(3 * 2 * 4096 * 48 * 128 * 56, rel=1e-9)
 
 
-def _step_bound(tflops_128: float, m_128: int, m_1024: int, pp: int, vp: int) -> float:
-    """The most TFLOP/s the 1024-GPU row can reach if the 128-GPU row's time outside its bubble were all
-    compute: the same micro-batch costs the same, more data-parallel ranks add traffic, never take it away,
-    and an interleaved 1F1B's bubble is (pp - 1) / vp micro-batch times (Narayanan et al. 2021)."""
-    bubble = (pp - 1) / vp
-    no_bubble = tflops_128 * (m_128 + bubble) / m_128  # the 128-GPU row's rate with its bubble taken away
-    return no_bubble * m_1024 / (m_1024 + bubble)
-
-
 def test_the_published_strong_scaling_rules_out_one_virtual_stage_for_mixtral():
     """Table 4 runs Mixtral at a global batch of 1024 with micro-batch 1 on PP 8: 128 micro-batches a pipeline on
     128 GPUs (516.5 TFLOP/s), 16 on 1024 (444.3). With one virtual stage (the zoo's runtime.conf at 78fd4d6) the
@@ -88,8 +80,8 @@ def test_the_published_strong_scaling_rules_out_one_virtual_stage_for_mixtral():
     by_id = {r["id"]: r for r in _csv()}
     t128 = float(by_id["pf-mixtral8x22b-h100-128g-bf16-gbs1024"]["tflops_per_gpu"])
     t1024 = float(by_id["pf-mixtral8x22b-h100-1024g-bf16-gbs1024"]["tflops_per_gpu"])
-    assert _step_bound(t128, 128, 16, pp=8, vp=1) == pytest.approx(516.5 * 135 / 128 * 16 / 23, rel=1e-9)
-    assert _step_bound(t128, 128, 16, pp=8, vp=1) < 0.9 * t1024
-    assert _step_bound(t128, 128, 16, pp=8, vp=7) == pytest.approx(516.5 * 129 / 128 * 16 / 17, rel=1e-9)
-    assert _step_bound(t128, 128, 16, pp=8, vp=7) > t1024
+    assert bubble_bound(t128, 128, 16, pp=8, vp=1) == pytest.approx(516.5 * 135 / 128 * 16 / 23, rel=1e-9)
+    assert bubble_bound(t128, 128, 16, pp=8, vp=1) < 0.9 * t1024
+    assert bubble_bound(t128, 128, 16, pp=8, vp=7) == pytest.approx(516.5 * 129 / 128 * 16 / 17, rel=1e-9)
+    assert bubble_bound(t128, 128, 16, pp=8, vp=7) > t1024
     assert {r["vp"] for r in _csv() if r["model"] == "Mixtral-8x22B"} == {"7"}
